@@ -1,0 +1,36 @@
+# The two commands: `make demo` (the main job) and `make test` (the whole suite).
+# Each creates .venv and installs what it needs on a fresh machine (Python 3.11+, make).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install lint typecheck unit schema clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/fanout demo $(ARGS)
+
+lint: install
+	$(BIN)/ruff check schema worker publisher tests bench fanout_cli.py
+
+typecheck: install
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+schema: install
+	$(BIN)/python -m schema.jsonschema
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

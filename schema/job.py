@@ -1,0 +1,58 @@
+"""The generation job a publisher enqueues and a worker runs. Never holds credentials.
+
+Pure: imports only msgspec and the contract.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Final, Literal
+
+import msgspec
+
+from schema.contract import Visibility
+
+Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
+PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini")
+"""Provider APIs a job may name."""
+
+_CROCKFORD: Final = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """One generation to run.
+
+    The request body is the provider-native one (``messages`` for Chat, ``input`` for
+    Responses, ...); the worker adds the streaming switches and credentials itself.
+    """
+
+    stream_id: str
+    """Target stream (``^[A-Za-z0-9_-]{1,128}$``)."""
+    provider: Provider
+    """Which provider API adapter and endpoint to use."""
+    model: str
+    """Model name as requested."""
+    request: dict[str, Any]
+    """The provider-native request body, without ``stream`` or ``model`` needed."""
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Opaque caller metadata, copied onto ``stream.start``."""
+    created_ms: int = 0
+    """Submission time, milliseconds since the Unix epoch."""
+    reasoning_visibility: Visibility = "public"
+    """Visibility given to reasoning blocks of this stream."""
+
+
+job_encoder: Final = msgspec.json.Encoder()
+job_decoder: Final = msgspec.json.Decoder(Job)
+
+
+def new_stream_id(now_ms: int | None = None) -> str:
+    """Return an unguessable, time-ordered id: ``st_`` + 10 Crockford chars of time + 16 random.
+
+    The shape follows ULID (48-bit millisecond time, then 80 random bits).
+    """
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    stamp = "".join(_CROCKFORD[(ms >> (5 * i)) & 31] for i in range(9, -1, -1))
+    rand = "".join(secrets.choice(_CROCKFORD) for _ in range(16))
+    return f"st_{stamp}{rand}"

@@ -1,0 +1,54 @@
+"""Settings from environment variables, parsed and validated by msgspec.
+
+Each process defines a frozen Struct of its settings whose field names are the
+variable names lower-cased without the ``FANOUT_`` prefix (``FANOUT_STREAM_TTL_S`` →
+``stream_ttl_s``); :func:`load_settings` reads them from a mapping (``os.environ``).
+Pure: takes the mapping, reads nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+import msgspec
+
+from schema.errors import FanoutError
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+PREFIX = "FANOUT_"
+"""Prefix of every fanout variable."""
+
+
+class SettingsError(FanoutError):
+    """A configuration variable is missing or malformed; the process cannot start."""
+
+
+def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object) -> T:
+    """Build ``cls`` from ``FANOUT_*`` variables, then keyword overrides (CLI flags).
+
+    Lists are written comma-separated (``FANOUT_API_KEYS=a,b``). Numbers and booleans
+    are parsed from their text. ``REDIS_URL`` maps to ``redis_url`` when the Struct has it.
+
+    Raises:
+        SettingsError: A value that does not parse or fails validation, naming the variable.
+    """
+    fields = set(cls.__struct_fields__)
+    raw: dict[str, object] = {}
+    for name, value in environ.items():
+        key = name[len(PREFIX):].lower() if name.startswith(PREFIX) else name.lower()
+        if key in fields and (name.startswith((PREFIX, "OTEL_")) or name == "REDIS_URL"):
+            raw[key] = _split_list(cls, key, value)
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(raw, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"bad configuration: {exc} (variables FANOUT_<FIELD>)") from exc
+
+
+def _split_list(cls: type[msgspec.Struct], key: str, value: str) -> object:
+    annotation = str(cls.__annotations__.get(key, ""))
+    if "list" in annotation or "tuple" in annotation:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value

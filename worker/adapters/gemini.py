@@ -1,0 +1,313 @@
+"""Gemini ``streamGenerateContent`` adapter: ``GenerateContentResponse`` chunks → contract events.
+
+Serves both framings (PROVIDERS.md 5.1): with ``alt=sse`` every ``data:`` event is one
+chunk and a raw, unframed JSON object in the body (Gemini's error object) arrives as a
+:class:`~worker.frames.JSONFrame`; without it every element of the streamed JSON array
+arrives as a :class:`~worker.frames.JSONFrame`. Pure: imports no asyncio, aiohttp, redis
+or opentelemetry.
+
+Terminal signals (PROVIDERS.md 5.3 and section 7). A ``finishReason`` is proven only by
+the clean end of the body (SSE) or the closing ``]`` (JSON array), so ``stream.done`` is
+emitted from :meth:`GeminiAdapter._finish`, after closing every block::
+
+    signal                                                  status       finish_reason      category
+    ------------------------------------------------------  -----------  -----------------  ---------------
+    finishReason STOP + clean end                           completed    stop / tool_calls  -
+    finishReason MAX_TOKENS + clean end                     incomplete   length             -
+    finishReason SAFETY, RECITATION, BLOCKLIST,             incomplete   content_filter     -
+      PROHIBITED_CONTENT, SPII, IMAGE_SAFETY,
+      IMAGE_PROHIBITED_CONTENT, IMAGE_RECITATION + clean end
+    any other finishReason (MALFORMED_FUNCTION_CALL,        incomplete   other              -
+      OTHER, LANGUAGE, unknown, ...) + clean end
+    {"error": {code, message, status}} as a data event,     failed       finish seen/null   by status, then
+      an array element or raw JSON in the SSE body                                          code (gemini_parts)
+    promptFeedback.blockReason with no candidates           failed       null               content_filter
+    malformed JSON; content after finishReason; a           failed       finish seen/null   protocol
+      streamed call open at STOP; bad partialArgs
+    body ends without finishReason, inside a frame, or      interrupted  finish seen/null   transport
+      the array never closes
+
+Quirks handled (PROVIDERS.md 5.2, 5.4; decisions where the docs are silent marked *):
+
+* ``candidates[0].content.parts[]``: ``{text}`` → text, ``{text, thought: true}`` →
+  reasoning; consecutive parts of one kind merge across chunks; a change of kind closes
+  the open block. Text and reasoning blocks close at the terminal.
+* Each ``functionCall`` is its own ``tool_call`` block: opened, its ``thoughtSignature``
+  (if any), one ``json_text`` delta of the serialized ``args`` (absent = ``{}``), closed
+  at once. A missing ``id`` becomes ``call_<block index>`` (stable across replays and
+  chunkings).
+* ``thoughtSignature`` rides as a ``signature`` delta on the block of its own part. On an
+  empty part (``{"text": "", "thoughtSignature": ...}``, or a part with only the
+  signature) it rides on the open block (the streamed call, if one is open);
+  *with no open block, or one that already carries a signature, it is counted as
+  ``thoughtSignature_without_block`` and dropped (a delta may not follow ``block.stop``
+  and no empty block is created). *A text or thought part carrying a signature while the
+  open block of its kind already has one starts a new block (signed parts are never
+  merged, PROVIDERS.md 5.4); an unsigned part still merges (BUG-CASES B05).
+* Empty text parts add nothing. ``executableCode``, ``codeExecutionResult``,
+  ``inlineData`` and unknown parts are not blocks in v1: counted as ``part:<name>``, their
+  signatures dropped with them. Candidates with ``index`` != 0 are counted.
+* ``content`` missing, ``{}`` or without ``parts``; finish-only and usage-only chunks.
+* *Parts with content (non-empty text, a ``functionCall``) after a ``finishReason`` chunk
+  are ``failed``/``protocol``; usage-only chunks and empty signed parts after it are
+  accepted. A repeated ``finishReason`` is counted; the first one wins.
+* Usage is the latest ``usageMetadata`` snapshot holding a token count (gemini_parts);
+  ``response_id`` = ``responseId``, ``model`` = ``modelVersion`` (latest seen).
+* *Vertex streamed arguments are supported: ``functionCall {name, willContinue: true}``
+  opens the block, ``partialArgs`` pieces are assembled by ``jsonPath``, and the call ends
+  at a ``functionCall`` without ``willContinue`` (``{}`` is the usual marker), giving one
+  ``json_text`` delta. An incomplete end (``MAX_TOKENS``, filter) closes it with what
+  arrived; ``STOP`` with it still open is ``failed``/``protocol``.
+* *SSE events with an ``event:`` name other than ``message`` (Gemini sends none) and
+  payloads with no known field are counted and ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
+
+from schema.contract import BlockKind, FinishReason
+from schema.errors import UpstreamProtocolError
+from worker.adapters.base import Adapter, Framing, parse_object
+from worker.adapters.gemini_parts import (
+    StreamedArgs,
+    args_text,
+    as_list,
+    error_info,
+    finish_terminal,
+    has_content,
+    signature_of,
+    usage_of,
+)
+from worker.frames import Frame, SSEFrame
+from worker.normalizer import Normalizer
+
+_KNOWN_KEYS: Final = frozenset(
+    {"candidates", "promptFeedback", "usageMetadata", "responseId", "modelVersion", "createTime"}
+)
+_INERT_KEYS: Final = frozenset({"thoughtSignature", "thought", "partMetadata"})
+"""Part keys that carry no content of their own."""
+
+
+class GeminiAdapter(Adapter):
+    """One Gemini ``streamGenerateContent`` response (SSE or JSON-array framing)."""
+
+    provider: ClassVar[str] = "gemini"
+
+    def __init__(self, normalizer: Normalizer, *, framing: Framing = "sse") -> None:
+        super().__init__(normalizer, framing=framing)
+        self._open: tuple[int, BlockKind] | None = None
+        """The open text or reasoning block (key, kind); keys are contract indexes."""
+        self._streamed: tuple[int, StreamedArgs] | None = None
+        """The open Vertex streamed function call (key, its arguments so far)."""
+        self._signed: set[int] = set()
+        self._finish_raw: str | None = None
+        self._response_id: str | None = None
+        self._model: str | None = None
+
+    # -- frames and payloads -------------------------------------------------
+
+    def _feed(self, frame: Frame) -> None:
+        if isinstance(frame, SSEFrame) and frame.event != "message":
+            self.norm.ignore(f"event:{frame.event}")
+            return
+        try:
+            self._payload(parse_object(frame.data if isinstance(frame, SSEFrame) else frame.text))
+        except UpstreamProtocolError as exc:  # as the base does, plus the finishReason already seen
+            self.norm.fail(category="protocol", message=exc.message, finish_reason=self._finish_reason())
+
+    def _payload(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            self._error(chunk["error"])
+        elif not _KNOWN_KEYS & chunk.keys():
+            self.norm.ignore("unknown_payload")
+        elif chunk.get("candidates"):
+            self._candidates(chunk["candidates"])
+            self._metadata(chunk)  # after the parts: a rejected chunk's usage is not taken
+        else:
+            self._metadata(chunk)
+            self._prompt_feedback(chunk.get("promptFeedback"))
+
+    def _metadata(self, chunk: dict[str, Any]) -> None:
+        if isinstance(rid := chunk.get("responseId"), str) and rid:
+            self._response_id = rid
+        if isinstance(model := chunk.get("modelVersion"), str) and model:
+            self._model = model
+        if (usage := usage_of(chunk.get("usageMetadata"))) is not None:
+            self.norm.usage = usage
+
+    def _error(self, error: object) -> None:
+        category, code, message = error_info(error)
+        self.norm.fail(category=category, message=message, provider_code=code,
+                       finish_reason=self._finish_reason())
+
+    def _prompt_feedback(self, feedback: object) -> None:
+        reason = feedback.get("blockReason") if isinstance(feedback, dict) else None
+        if isinstance(reason, str) and reason:
+            self.norm.fail(category="content_filter", provider_code=reason,
+                           message=f"Gemini blocked the prompt ({reason})")
+
+    # -- candidates and parts ------------------------------------------------
+
+    def _candidates(self, candidates: object) -> None:
+        for candidate in as_list(candidates, "candidates"):
+            if not isinstance(candidate, dict):
+                raise UpstreamProtocolError("upstream sent a candidate that is not an object")
+            if (candidate.get("index") or 0) != 0:
+                self.norm.ignore("candidate_other_index")
+            else:
+                self._candidate(candidate)
+
+    def _candidate(self, candidate: dict[str, Any]) -> None:
+        content = candidate.get("content")
+        if content is not None and not isinstance(content, dict):
+            raise UpstreamProtocolError("upstream sent candidate content that is not an object")
+        for part in as_list((content or {}).get("parts"), "content.parts"):
+            self._part(part)
+        finish = candidate.get("finishReason")
+        if isinstance(finish, str) and finish:
+            self._on_finish(finish)
+
+    def _part(self, part: object) -> None:
+        if not isinstance(part, dict):
+            raise UpstreamProtocolError("upstream sent a content part that is not an object")
+        if self._finish_raw is not None and has_content(part):
+            raise UpstreamProtocolError("upstream sent content after the finishReason")
+        handler = next((h for k, h in self._PARTS.items() if k in part), None)
+        if handler is not None:
+            handler(self, part)
+        elif part.keys() <= _INERT_KEYS and (signature := signature_of(part)):
+            self._loose_signature(signature)
+        else:
+            name = next((k for k in part if k not in _INERT_KEYS), "empty")
+            self.norm.ignore(f"part:{name}")
+
+    def _text(self, part: dict[str, Any]) -> None:
+        text, signature = part["text"], signature_of(part)
+        if not isinstance(text, str):
+            raise UpstreamProtocolError("upstream sent a text part whose text is not a string")
+        if text == "":
+            if signature:
+                self._loose_signature(signature)
+            return
+        if self._streamed is not None:
+            raise UpstreamProtocolError("upstream sent text inside a streamed function call")
+        key = self._run_block("reasoning" if part.get("thought") is True else "text", signed=bool(signature))
+        self.norm.delta(key, "text", text)
+        if signature:
+            self._sign(key, signature)
+
+    def _run_block(self, kind: BlockKind, *, signed: bool) -> int:
+        """Return the open block of ``kind`` to merge into, or open a new one."""
+        if self._open is not None and self._open[1] == kind and not (signed and self._open[0] in self._signed):
+            return self._open[0]
+        self._close_open()
+        key = self.norm.block_count
+        self.norm.open_block(key, kind)
+        self._open = (key, kind)
+        return key
+
+    def _close_open(self) -> None:
+        if self._open is not None:
+            self.norm.close_block(self._open[0])
+            self._open = None
+
+    # -- signatures ----------------------------------------------------------
+
+    def _sign(self, key: int, signature: str) -> None:
+        self.norm.delta(key, "signature", signature)
+        self._signed.add(key)
+
+    def _loose_signature(self, signature: str) -> None:
+        """Put a signature from an empty part on the open block (never create one)."""
+        key = self._streamed[0] if self._streamed else (self._open[0] if self._open else None)
+        if key is None or key in self._signed:
+            self.norm.ignore("thoughtSignature_without_block")
+        else:
+            self._sign(key, signature)
+
+    # -- function calls ------------------------------------------------------
+
+    def _call(self, part: dict[str, Any]) -> None:
+        call, signature = part["functionCall"], signature_of(part)
+        if not isinstance(call, dict):
+            raise UpstreamProtocolError("upstream sent a functionCall that is not an object")
+        if self._streamed is not None:
+            self._continue_call(call, signature)
+            return
+        name = call.get("name")
+        if not isinstance(name, str) or not name:
+            self._nameless_call(call)
+            return
+        self._close_open()
+        key = self.norm.block_count
+        call_id = call.get("id")
+        self.norm.open_block(key, "tool_call", name=name,
+                             call_id=call_id if isinstance(call_id, str) and call_id else f"call_{key}")
+        if signature:
+            self._sign(key, signature)
+        if call.get("willContinue") is True:
+            self._streamed = (key, StreamedArgs(call.get("args")))
+            return
+        self.norm.delta(key, "json_text", args_text(call.get("args")))
+        self.norm.close_block(key)
+
+    def _nameless_call(self, call: dict[str, Any]) -> None:
+        if call.keys() - {"willContinue"}:
+            raise UpstreamProtocolError("upstream sent a functionCall without a name")
+        self.norm.ignore("functionCall_end_without_call")
+
+    def _continue_call(self, call: dict[str, Any], signature: str | None) -> None:
+        if call.get("name"):
+            raise UpstreamProtocolError("a function call began before the streamed one ended")
+        assert self._streamed is not None
+        for piece in as_list(call.get("partialArgs"), "functionCall.partialArgs"):
+            self._streamed[1].add(piece)
+        if signature:
+            self._loose_signature(signature)
+        if call.get("willContinue") is not True:
+            self._end_streamed()
+
+    def _end_streamed(self) -> None:
+        assert self._streamed is not None
+        key, args = self._streamed
+        self._streamed = None
+        self.norm.delta(key, "json_text", args.text())
+        self.norm.close_block(key)
+
+    _PARTS: ClassVar[dict[str, Callable[[GeminiAdapter, dict[str, Any]], None]]] = {
+        "text": _text,
+        "functionCall": _call,
+    }
+    """Part kind → handler; any other part (executableCode, inlineData, ...) is counted."""
+
+    # -- terminal ------------------------------------------------------------
+
+    def _on_finish(self, raw: str) -> None:
+        if self._finish_raw is not None:
+            self.norm.ignore("finishReason_repeated")
+        else:
+            self._finish_raw = raw
+
+    def _finish_reason(self) -> FinishReason | None:
+        return finish_terminal(self._finish_raw)[1] if self._finish_raw else None
+
+    def _finish(self, *, truncated: bool) -> None:
+        if self._finish_raw is None:
+            return
+        status, reason = finish_terminal(self._finish_raw)
+        if truncated:
+            self.norm.fail(category="transport", finish_reason=reason,
+                           message="upstream closed the connection after the finishReason, before the end of the body")
+            return
+        if self._streamed is not None:
+            if status == "completed":
+                self.norm.fail(category="protocol", finish_reason=reason,
+                               message="upstream ended the response inside a streamed function call")
+                return
+            self._end_streamed()
+        self.norm.close_all()
+        self.norm.done(status=status, finish_reason=reason, provider_finish_reason=self._finish_raw,
+                       response_id=self._response_id, model=self._model)
+

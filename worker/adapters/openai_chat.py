@@ -1,0 +1,291 @@
+"""OpenAI Chat Completions (``stream: true``) adapter, for OpenAI and compatible servers.
+
+Covers OpenAI, Azure OpenAI, OpenRouter, vLLM, DeepSeek, Groq and Ollama. Follows the
+OpenAI streaming doc and PROVIDERS.md section 2, normalized per section 7. The body is
+``data:`` payloads only; each is routed on its shape (``[DONE]``, an error object, a
+chunk), never on the SSE ``event:`` line. Pure: imports no asyncio, aiohttp, redis or
+opentelemetry.
+
+Terminal signals, the only ones that end a stream here. A normal end needs a
+``finish_reason`` on choice 0 **and then** ``data: [DONE]`` (checked with
+``startswith("[DONE]")``, as the official SDK does):
+
+| ``finish_reason``, then ``[DONE]`` | status | finish_reason |
+| --- | --- | --- |
+| ``stop`` | completed | stop (tool_calls with tool calls, refusal with only a refusal) |
+| ``tool_calls``, ``function_call`` | completed | tool_calls |
+| ``length`` | incomplete | length |
+| ``content_filter`` | incomplete | content_filter |
+| any other value | incomplete | other |
+
+| failure signal | status | category |
+| --- | --- | --- |
+| a payload with a top-level ``error`` (object or string), no matter what follows | failed | by code/type, below |
+| vLLM's flat ``{"object":"error","message":…,"code":…}`` | failed | by code/type |
+| ``finish_reason: "error"`` (OpenRouter), with or without ``error`` | failed | by code/type, else upstream_error |
+| ``[DONE]`` without any ``finish_reason`` before it | failed | protocol |
+| output (text, a new block, arguments of a closed call) after the ``finish_reason`` | failed | protocol |
+| a tool call that got arguments but never a name | failed | protocol |
+| body ends without ``[DONE]``, even after a ``finish_reason`` | interrupted | transport |
+
+Error ``code``/``type`` → category (string codes first, then ``type``, then a numeric
+code, which OpenRouter and vLLM set to the HTTP status): ``server_error``/500/502
+upstream_error; ``rate_limit_exceeded``/429 rate_limited; ``insufficient_quota``/402
+rate_limited, not retryable; ``context_length_exceeded``; ``invalid_request_error``/400
+invalid_request; 401 authentication; 403 permission; 404 not_found;
+``overloaded``/503/529 upstream_overloaded; other 4xx invalid_request, else
+upstream_error. ``provider_code`` is the ``code`` if a string, else the ``type``, else
+the numeric code as a string. The first fatal condition wins: a ``[DONE]`` after an
+error changes nothing. A ``stream.error`` carries the normalized finish_reason when one
+came before it.
+
+Blocks. Chat has no block-end signal: content is one sequence, so at most one block is
+open; opening the next block (a change of kind among text, refusal and reasoning, or a
+new tool call) closes the previous one, and the ``finish_reason`` closes the last one
+(for every finish value, ``length`` included). Runs of the same kind merge.
+
+Quirks handled:
+
+* Azure: an empty-``choices`` first chunk with ``prompt_filter_results`` and empty
+  ``id``/``model`` (counted as ``prompt_filter_results``); a late content-filter choice
+  after the finish chunk with no ``delta`` (counted as ``choice_without_delta``; it
+  neither reopens nor ends anything). Empty ids and models are never taken.
+* Reasoning: one source per delta, ``reasoning_content`` (string or ``{"text"}``) >
+  ``reasoning`` > ``reasoning_details[]`` text; mirrored copies are never read twice.
+* OpenRouter: ``: OPENROUTER PROCESSING`` comments never reach the adapter; error chunks
+  (top-level ``error`` and/or ``finish_reason: "error"``) fail, a later ``[DONE]`` is ignored.
+* Tool calls keyed by ``index`` (list position when absent). A non-empty ``id`` different
+  from the call held at that index starts a new call (Ollama sends parallel calls all at
+  index 0); the same id, or none, continues it. Repeated ``id``/``type``/``name`` (vLLM's
+  closing fragment) are never concatenated. Arguments before the name are buffered until
+  the name arrives. ``arguments`` may be omitted, ``""``, or whole; ``""`` overall is ``{}``.
+  A call without an id gets ``call_fanout_<index>`` (stable across replays).
+* Deprecated ``delta.function_call`` is one more tool call.
+* Gemini's OpenAI-compatible layer: tool fragments without ``index``; a tool fragment's
+  ``extra_content.google.thought_signature`` rides on its block as a ``signature`` delta.
+* ``finish_reason: stop`` with tool calls → tool_calls, with only a refusal → refusal.
+* Usage on any chunk (the trailing empty-choices chunk, DeepSeek/Groq finish chunk,
+  Groq ``x_groq.usage``); the last report wins.
+* ``delta.content``/``refusal`` ``null`` or ``""`` open nothing; ``obfuscation``, ``logprobs``
+  and other unknown fields are ignored; choices other than index 0 (``n > 1``) are
+  ignored and counted as ``choice_index_nonzero``; payloads of unknown shape are counted
+  under their ``object`` or ``type`` (else ``unknown_payload``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from schema.contract import BlockKind, FinishReason
+from schema.errors import UpstreamProtocolError
+from worker.adapters.base import Adapter, Framing, parse_object
+from worker.adapters.openai_chat_parts import (
+    ToolCall,
+    arguments_text,
+    map_finish,
+    map_usage,
+    nonempty,
+    payload_shape,
+    read_error,
+    reasoning_text,
+    text_of,
+    thought_signature,
+    usage_of,
+)
+from worker.frames import Frame, SSEFrame
+from worker.normalizer import Normalizer
+
+Payload = dict[str, Any]
+Handler = Callable[[Payload], None]
+
+
+class OpenAIChatAdapter(Adapter):
+    """Adapter for one Chat Completions streaming response (see the module docstring)."""
+
+    provider = "openai_chat"
+
+    def __init__(self, normalizer: Normalizer, *, framing: Framing = "sse") -> None:
+        super().__init__(normalizer, framing=framing)
+        self._finish_raw: str | None = None
+        self._response_id: str | None = None
+        self._model: str | None = None
+        self._current: Hashable | None = None
+        self._current_kind: BlockKind | None = None
+        self._serial = 0
+        self._calls: dict[Hashable, ToolCall] = {}
+        self._handlers: dict[str, Handler] = {
+            "chunk": self._on_chunk,
+            "error": self._on_error,
+            "flat_error": self._fail_with,
+        }
+
+    # -- routing ------------------------------------------------------------
+
+    def _feed(self, frame: Frame) -> None:
+        text = frame.data if isinstance(frame, SSEFrame) else frame.text
+        if text.startswith("[DONE]"):
+            self._on_done()
+            return
+        payload = parse_object(text)
+        name = payload_shape(payload)
+        handler = self._handlers.get(name)
+        if handler is None:
+            self.norm.ignore(name)
+            return
+        handler(payload)
+
+    def _finish(self, *, truncated: bool) -> None:
+        if self._finish_raw is not None:
+            self.norm.fail(category="transport", finish_reason=self._finish_reason(),
+                           message="upstream closed the connection after the finish_reason, before [DONE]")
+
+    def _finish_reason(self) -> FinishReason | None:
+        if self._finish_raw is None:
+            return None
+        return self.norm.derive_finish(map_finish(self._finish_raw)[1])
+
+    # -- terminal signals ---------------------------------------------------
+
+    def _on_done(self) -> None:
+        if self._finish_raw is None:
+            raise UpstreamProtocolError("upstream sent [DONE] without a finish_reason")
+        self._check_calls_named()
+        status, reason = map_finish(self._finish_raw)
+        self.norm.done(status=status, finish_reason=reason, provider_finish_reason=self._finish_raw,
+                       response_id=self._response_id, model=self._model)
+
+    def _on_error(self, payload: Payload) -> None:
+        self._fail_with(payload["error"])
+
+    def _fail_with(self, error: Any) -> None:
+        report = read_error(error)
+        self.norm.fail(category=report.category, message=report.message, provider_code=report.provider_code,
+                       retryable=report.retryable, finish_reason=self._finish_reason())
+
+    def _on_finish(self, raw: Any) -> None:
+        if raw is None:
+            return
+        if not isinstance(raw, str):
+            raise UpstreamProtocolError("upstream sent a finish_reason that is not a string")
+        if raw == "error":
+            self._fail_with({"message": "upstream ended the choice with an error"})
+            return
+        if self._finish_raw is not None:
+            self.norm.ignore("repeated_finish_reason")
+            return
+        self._check_calls_named()
+        self._finish_raw = raw
+        self.norm.close_all()
+        self._current = self._current_kind = None
+
+    # -- chunks -------------------------------------------------------------
+
+    def _on_chunk(self, chunk: Payload) -> None:
+        self._note_identity(chunk)
+        if "prompt_filter_results" in chunk:
+            self.norm.ignore("prompt_filter_results")
+        choice = self._first_choice(chunk.get("choices"))
+        if choice is not None:
+            self._on_delta(choice)
+        usage = usage_of(chunk)
+        if usage is not None:
+            self.norm.usage = map_usage(usage)
+        error = chunk.get("error") or (choice or {}).get("error")
+        if error:
+            self._fail_with(error)
+        elif choice is not None:
+            self._on_finish(choice.get("finish_reason"))
+
+    def _note_identity(self, chunk: Payload) -> None:
+        self._response_id = self._response_id or nonempty(chunk.get("id"))
+        self._model = self._model or nonempty(chunk.get("model"))
+
+    def _first_choice(self, choices: Any) -> Payload | None:
+        if choices is None:
+            return None
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise UpstreamProtocolError("upstream sent choices that are not a list of objects")
+        found: Payload | None = None
+        for choice in choices:
+            if choice.get("index") in (0, None) and found is None:
+                found = choice
+            else:
+                self.norm.ignore("choice_index_nonzero")
+        return found
+
+    def _on_delta(self, choice: Payload) -> None:
+        delta = choice.get("delta")
+        if delta is None:
+            if choice.get("finish_reason") is None:
+                self.norm.ignore("choice_without_delta")
+            return
+        if not isinstance(delta, dict):
+            raise UpstreamProtocolError("upstream sent a delta that is not an object")
+        self._run("reasoning", reasoning_text(delta))
+        self._run("text", text_of(delta, "content"))
+        self._run("refusal", text_of(delta, "refusal"))
+        self._on_tool_calls(delta.get("tool_calls"))
+        function_call = delta.get("function_call")
+        if isinstance(function_call, dict):
+            self._on_fragment("function_call", {"function": function_call})
+
+    # -- blocks -------------------------------------------------------------
+
+    def _open_next(self, kind: BlockKind, *, call_id: str | None = None, name: str | None = None) -> Hashable:
+        """Close the open block and open the next one; return its key."""
+        if self._finish_raw is not None:
+            raise UpstreamProtocolError("upstream sent output after the finish_reason")
+        if self._current is not None and self.norm.is_open(self._current):
+            self.norm.close_block(self._current)
+        self._serial += 1
+        key = (kind, self._serial)
+        self.norm.open_block(key, kind, call_id=call_id, name=name)
+        self._current, self._current_kind = key, kind
+        return key
+
+    def _run(self, kind: BlockKind, text: str) -> None:
+        if not text:
+            return
+        if self._current_kind != kind or self._current is None:
+            self._open_next(kind)
+        self.norm.delta(self._current, "text", text)
+
+    def _on_tool_calls(self, fragments: Any) -> None:
+        if fragments is None:
+            return
+        if not isinstance(fragments, list) or not all(isinstance(f, dict) for f in fragments):
+            raise UpstreamProtocolError("upstream sent tool_calls that are not a list of objects")
+        for position, fragment in enumerate(fragments):
+            index = fragment.get("index")
+            self._on_fragment(index if isinstance(index, int) else position, fragment)
+
+    def _on_fragment(self, slot: Hashable, fragment: Payload) -> None:
+        call_id = nonempty(fragment.get("id"))
+        function = fragment.get("function")
+        function = function if isinstance(function, dict) else {}
+        call = self._calls.get(slot)
+        if call is None or (call_id and call.call_id and call_id != call.call_id):
+            self._retire(call)
+            call = self._calls[slot] = ToolCall(call_id)
+        call.call_id = call.call_id or call_id
+        call.name = call.name or nonempty(function.get("name"))
+        call.pending.append(("json_text", arguments_text(function.get("arguments"))))
+        call.pending.append(("signature", thought_signature(fragment)))
+        if call.key is None and call.name is not None:
+            call.call_id = call.call_id or f"call_fanout_{self.norm.block_count}"
+            call.key = self._open_next("tool_call", call_id=call.call_id, name=call.name)
+        if call.key is not None:
+            for kind, piece in call.pending:
+                self.norm.delta(call.key, kind, piece)
+            call.pending.clear()
+
+    @staticmethod
+    def _retire(call: ToolCall | None) -> None:
+        """Drop a call replaced at its index; one with arguments but no name is a violation."""
+        if call is not None and call.key is None and any(piece for _, piece in call.pending):
+            raise UpstreamProtocolError("upstream sent tool call arguments but never the call's name")
+
+    def _check_calls_named(self) -> None:
+        for call in self._calls.values():
+            self._retire(call)

@@ -1,0 +1,359 @@
+"""Helpers of the OpenAI Responses adapter: tables, payload readers, item state and blocks.
+
+Kept apart from :mod:`worker.adapters.openai_responses`, which holds the routing, the
+item addressing and the terminal events; :class:`ItemBlocks` here turns streamed and
+finished item values into block operations. Follows PROVIDERS.md sections 3, 6 and 7.
+Pure: imports no asyncio, aiohttp, redis or opentelemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from schema.contract import BlockKind, DeltaKind, ErrorCategory, FinishReason, Usage
+from schema.errors import UpstreamProtocolError
+from worker.normalizer import Normalizer
+
+Payload = dict[str, Any]
+Source = Literal["summary", "raw"]
+
+PART_SEPARATOR: Final = "\n\n"
+"""Put between two non-empty summary (or raw reasoning) parts of one reasoning item.
+
+The provider gives each summary part as its own text (typically ``**Title**\\n\\nBody``)
+with no separator between parts; ChatGPT shows them as paragraphs, so the one reasoning
+block joins them with a blank line, sent at the head of the next part's first fragment.
+"""
+
+PART_KINDS: Final[dict[str, BlockKind]] = {"output_text": "text", "refusal": "refusal"}
+"""Message content part type → block kind; other part types are not blocks."""
+
+PART_FIELDS: Final[dict[str, str]] = {"output_text": "text", "refusal": "refusal"}
+"""Message content part type → the field holding its final value."""
+
+BLOCK_ITEMS: Final = frozenset({"message", "reasoning", "function_call"})
+"""Output item types that give blocks; built-in tool items and the rest do not."""
+
+TERMINAL_STATUS: Final[dict[str, str]] = {
+    "response.completed": "completed", "response.incomplete": "incomplete",
+    "response.failed": "failed", "response.cancelled": "cancelled",
+}
+"""Terminal event → the response status it proves (``response.done`` reads ``response.status``)."""
+
+INCOMPLETE_FINISH: Final[dict[str, FinishReason]] = {"max_output_tokens": "length", "content_filter": "content_filter"}
+"""``incomplete_details.reason`` → finish_reason; other reasons are ``other``."""
+
+TRUNCATION_REASONS: Final = frozenset({"max_output_tokens"})
+"""Incomplete reasons that close the open blocks before ``stream.done`` (section 7 rule 7)."""
+
+ERROR_CATEGORIES: Final[dict[str, ErrorCategory]] = {
+    "server_error": "upstream_error", "vector_store_timeout": "upstream_error",
+    "rate_limit_exceeded": "rate_limited", "tokens": "rate_limited", "requests": "rate_limited",
+    "insufficient_quota": "rate_limited",
+    "invalid_prompt": "invalid_request", "invalid_request_error": "invalid_request",
+    "context_length_exceeded": "context_length_exceeded",
+    "invalid_api_key": "authentication", "authentication_error": "authentication",
+    "permission_denied": "permission", "model_not_found": "not_found",
+}
+"""Responses error ``code`` (or nested ``type`` when no code) → category.
+
+Codes naming an image (``invalid_image``, ``image_too_large``, ...) are request errors
+(``invalid_request``); anything else is ``upstream_error``. ``tokens``/``requests`` are
+the nested ``error.type`` of the live API's rate-limit events.
+"""
+
+NOT_RETRYABLE: Final = frozenset({"insufficient_quota"})
+"""Codes whose category is retryable by default but the same job cannot succeed."""
+
+
+def category_of(code: str | None) -> ErrorCategory:
+    """Map a Responses error code to a contract category (see :data:`ERROR_CATEGORIES`)."""
+    if code is None:
+        return "upstream_error"
+    if code in ERROR_CATEGORIES:
+        return ERROR_CATEGORIES[code]
+    return "invalid_request" if "image" in code else "upstream_error"
+
+
+def retryable_of(code: str | None) -> bool | None:
+    """Return False for codes in :data:`NOT_RETRYABLE`, else None (the category default)."""
+    return False if code in NOT_RETRYABLE else None
+
+
+def text(value: object) -> str:
+    """``value`` if it is a string, else ``""``."""
+    return value if isinstance(value, str) else ""
+
+
+def optional(value: object) -> str | None:
+    """``value`` if it is a non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def obj(value: object) -> Payload:
+    """``value`` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def index(payload: Payload, field: str, *, default: int | None = None) -> int:
+    """Read a non-negative integer field (``output_index``, ``content_index``, ...).
+
+    Raises:
+        UpstreamProtocolError: Missing (and no ``default``) or not a non-negative int.
+
+    """
+    value = payload.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UpstreamProtocolError(f"upstream sent {payload.get('type')} without a valid {field}")
+    return value
+
+
+def _count(report: Payload, field: str, detail: str | None = None) -> int | None:
+    value = obj(report.get(field)).get(detail) if detail else report.get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def usage_of(report: object) -> Usage | None:
+    """Map the terminal response's ``usage`` (PROVIDERS.md 3.4); None when it is absent."""
+    if not isinstance(report, dict):
+        return None
+    return Usage(
+        input_tokens=_count(report, "input_tokens"),
+        output_tokens=_count(report, "output_tokens"),
+        cached_input_tokens=_count(report, "input_tokens_details", "cached_tokens"),
+        reasoning_tokens=_count(report, "output_tokens_details", "reasoning_tokens"),
+    )
+
+
+def error_fields(payload: Payload) -> tuple[str | None, str]:
+    """Return (code, message) of an ``error`` event, flat or nested (PROVIDERS.md 3.3).
+
+    Flat: ``code``/``message`` at the top level (the documented shape). Nested:
+    ``error: {type, code, message, param}`` (the live API). The nested ``type`` stands
+    in for a missing code; the flat top-level ``type`` is the event name, never a code.
+    """
+    nested = payload.get("error")
+    if isinstance(nested, dict):
+        code = optional(nested.get("code")) or optional(nested.get("type"))
+        return code, text(nested.get("message"))
+    return optional(payload.get("code")), text(payload.get("message"))
+
+
+def reasoning_parts(item: Payload, source: Source | None) -> tuple[Source | None, list[tuple[int, str]]]:
+    """Return the source to read and its (sub-index, final text) pairs from a reasoning item.
+
+    One source per item (PROVIDERS.md 7.5): the one already streamed, else the summary
+    when it has text, else the raw ``reasoning_text`` content. Sub-indexes are positions
+    in ``summary`` or ``content``, as the deltas' ``summary_index``/``content_index``.
+    """
+    summary = [(i, text(obj(p).get("text"))) for i, p in enumerate(items(item.get("summary")))
+               if obj(p).get("type") == "summary_text"]
+    raw = [(i, text(obj(p).get("text"))) for i, p in enumerate(items(item.get("content")))
+           if obj(p).get("type") == "reasoning_text"]
+    if source is None:
+        source = "summary" if any(t for _, t in summary) else "raw" if any(t for _, t in raw) else None
+    return source, summary if source == "summary" else raw if source == "raw" else []
+
+
+def items(value: object) -> list[Any]:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+class Item(msgspec.Struct, kw_only=True):
+    """What the adapter knows of one output item (``response.output[output_index]``)."""
+
+    key: str
+    """The item's ``id``, or ``#<output_index>`` when it has none; names its blocks."""
+    kind: str
+    """The item ``type``: ``message``, ``reasoning``, ``function_call`` or a built-in tool."""
+    output_index: int
+    """Position in ``response.output``."""
+    done: bool = False
+    """``output_item.done`` (or the terminal output) finished it."""
+    call_id: str | None = None
+    """``function_call``: the id results go back under (``call_…``)."""
+    name: str | None = None
+    """``function_call``: the function name (the block opens once it is known)."""
+    pending: list[str] = msgspec.field(default_factory=list)
+    """``function_call``: argument fragments received before the name."""
+    source: Source | None = None
+    """``reasoning``: the text source read (summary or raw); the other one is ignored."""
+    sub_sent: dict[int, str] = msgspec.field(default_factory=dict)
+    """``reasoning``: text streamed per summary/content part."""
+    sub_current: int | None = None
+    """``reasoning``: the part whose text was streamed last."""
+    part_kinds: dict[int, BlockKind] = msgspec.field(default_factory=dict)
+    """``message``: content_index → block kind, from ``content_part.added`` or a delta."""
+    closed_parts: set[int] = msgspec.field(default_factory=set)
+    """``message``: content parts finished by ``content_part.done``."""
+
+    @property
+    def block(self) -> tuple[str, str]:
+        """Block key of a reasoning or function_call item."""
+        return ("item", self.key)
+
+    def part(self, content_index: int) -> tuple[str, str, int]:
+        """Block key of a message content part."""
+        return ("part", self.key, content_index)
+
+
+def item_type(item: Payload) -> str:
+    """Return an output item's ``type``, ``untyped`` without one."""
+    return optional(item.get("type")) or "untyped"
+
+
+def item_key(item: Payload, output_index: int) -> str:
+    """Return the key naming an item's blocks: its ``id``, or ``#<output_index>`` without one."""
+    return optional(item.get("id")) or f"#{output_index}"
+
+
+class ItemBlocks:
+    """Block operations for output items: opening, deltas, ``.done`` settlement, closing.
+
+    Text, refusal and reasoning blocks open at their first non-empty value (so empty
+    parts make no block); a tool call opens once its name is known. A final value the
+    streamed text is not a prefix of raises :class:`UpstreamProtocolError` (or, for
+    message parts and arguments, ends the stream through :meth:`Normalizer.settle`).
+
+    Args:
+        norm: The stream's normalizer.
+    """
+
+    def __init__(self, norm: Normalizer) -> None:
+        self.norm = norm
+        self.kinds: list[BlockKind] = []
+        """Kinds of the blocks opened, in order."""
+
+    def open(self, key: tuple[object, ...], kind: BlockKind, *, call_id: str | None = None,
+             name: str | None = None) -> None:
+        """Open the block ``key`` and remember its kind (nothing once the stream ended)."""
+        if self.norm.terminal is None:
+            self.norm.open_block(key, kind, call_id=call_id, name=name)
+            self.kinds.append(kind)
+
+    def close(self, key: tuple[object, ...]) -> None:
+        """Close the block ``key`` if it is open (nothing once the stream ended)."""
+        if self.norm.terminal is None and self.norm.is_open(key):
+            self.norm.close_block(key)
+
+    def settle(self, key: tuple[object, ...], kind: DeltaKind, final: str) -> None:
+        """:meth:`Normalizer.settle` unless the stream already ended."""
+        if self.norm.terminal is None:
+            self.norm.settle(key, kind, final)
+
+    def completed_finish(self) -> FinishReason:
+        """``refusal`` when every non-reasoning block is a refusal, else ``stop`` (derived later)."""
+        return "refusal" if set(self.kinds) - {"reasoning"} == {"refusal"} else "stop"
+
+    # -- message content parts ----------------------------------------------
+
+    def part_delta(self, entry: Item, content_index: int, kind: BlockKind, fragment: str) -> None:
+        """Append a text or refusal fragment to a content part, opening it if needed."""
+        key = entry.part(content_index)
+        if fragment and not self.norm.knows(key):
+            self.open(key, kind)
+        self.norm.delta(key, "text", fragment)
+
+    def settle_part(self, entry: Item, content_index: int, kind: BlockKind, final: str) -> None:
+        """Reconcile a content part with its final value (``.done`` wins)."""
+        key = entry.part(content_index)
+        if final and not self.norm.knows(key):
+            self.open(key, kind)
+        self.settle(key, "text", final)
+
+    def close_part(self, entry: Item, content_index: int) -> None:
+        """Mark a content part finished and close its block if one is open."""
+        entry.closed_parts.add(content_index)
+        self.close(entry.part(content_index))
+
+    def finish_message(self, entry: Item, item: Payload) -> None:
+        """Settle every text/refusal part from a finished message item, then close them."""
+        for content_index, value in enumerate(items(item.get("content"))):
+            part = obj(value)
+            part_type = text(part.get("type"))
+            kind = PART_KINDS.get(part_type)
+            declared = entry.part_kinds.setdefault(content_index, kind) if kind else None
+            if declared != kind:
+                raise UpstreamProtocolError(f"upstream finished a {declared} part as {part_type}")
+            if kind is not None and content_index not in entry.closed_parts:
+                self.settle_part(entry, content_index, kind, text(part.get(PART_FIELDS[part_type])))
+        for content_index in sorted(entry.part_kinds):
+            self.close_part(entry, content_index)
+
+    # -- function calls -----------------------------------------------------
+
+    def open_call(self, entry: Item) -> None:
+        """Open the tool_call block once the name is known, sending held fragments."""
+        if entry.name is None or self.norm.knows(entry.block):
+            return
+        call_id = entry.call_id or f"call_fanout_{entry.output_index}"
+        self.open(entry.block, "tool_call", call_id=call_id, name=entry.name)
+        self.norm.delta(entry.block, "json_text", "".join(entry.pending))
+        entry.pending.clear()
+
+    def call_delta(self, entry: Item, fragment: str) -> None:
+        """Append an argument fragment, or hold it while the name is unknown."""
+        if self.norm.knows(entry.block):
+            self.norm.delta(entry.block, "json_text", fragment)
+        else:
+            entry.pending.append(fragment)
+
+    def settle_call(self, entry: Item, arguments: object, name: object, call_id: object) -> None:
+        """Take a late name or call id, then reconcile the arguments with their final value."""
+        entry.name = entry.name or optional(name)
+        entry.call_id = entry.call_id or optional(call_id)
+        self.open_call(entry)
+        if not isinstance(arguments, str):
+            return
+        if self.norm.knows(entry.block):
+            self.settle(entry.block, "json_text", arguments)
+        elif arguments.startswith("".join(entry.pending)):
+            entry.pending[:] = [arguments]
+        else:
+            raise UpstreamProtocolError("upstream's final arguments contradict the streamed deltas")
+
+    def finish_call(self, entry: Item, item: Payload) -> None:
+        """Settle a finished function_call item and close its block."""
+        self.settle_call(entry, item.get("arguments"), item.get("name"), item.get("call_id"))
+        if self.norm.terminal is None and not self.norm.knows(entry.block):
+            raise UpstreamProtocolError("upstream finished a function_call item without a name")
+        self.close(entry.block)
+
+    # -- reasoning ----------------------------------------------------------
+
+    def reasoning_delta(self, entry: Item, sub: int, fragment: str) -> None:
+        """Append reasoning text of part ``sub``, opening the block and separating parts."""
+        if not fragment:
+            return
+        prefix = ""
+        if sub != entry.sub_current:
+            if entry.sub_current is not None and sub < entry.sub_current:
+                raise UpstreamProtocolError("upstream sent reasoning text for an earlier part")
+            prefix = PART_SEPARATOR if self.norm.text_of(entry.block, "text") else ""
+            entry.sub_current = sub
+        if not self.norm.knows(entry.block):
+            self.open(entry.block, "reasoning")
+        self.norm.delta(entry.block, "text", prefix + fragment)
+        entry.sub_sent[sub] = entry.sub_sent.get(sub, "") + fragment
+
+    def settle_reasoning(self, entry: Item, sub: int, final: str) -> None:
+        """Reconcile reasoning part ``sub`` with its final text (``.done`` wins)."""
+        sent = entry.sub_sent.get(sub, "")
+        if not final.startswith(sent):
+            raise UpstreamProtocolError("upstream's final reasoning text contradicts the streamed deltas")
+        self.reasoning_delta(entry, sub, final[len(sent):])
+
+    def finish_reasoning(self, entry: Item, item: Payload) -> None:
+        """Settle a finished reasoning item, send ``encrypted_content`` as signature, close."""
+        entry.source, finals = reasoning_parts(item, entry.source)
+        for sub, final in finals:
+            self.settle_reasoning(entry, sub, final)
+        signature = text(item.get("encrypted_content"))
+        if signature and not self.norm.knows(entry.block):
+            self.open(entry.block, "reasoning")
+        if signature and self.norm.terminal is None:
+            self.norm.delta(entry.block, "signature", signature)
+        self.close(entry.block)

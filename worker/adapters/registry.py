@@ -1,0 +1,19 @@
+"""Provider API name → adapter class."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from worker.adapters.anthropic import AnthropicAdapter
+from worker.adapters.base import Adapter
+from worker.adapters.gemini import GeminiAdapter
+from worker.adapters.openai_chat import OpenAIChatAdapter
+from worker.adapters.openai_responses import OpenAIResponsesAdapter
+
+ADAPTERS: Final[dict[str, type[Adapter]]] = {
+    "openai_chat": OpenAIChatAdapter,
+    "openai_responses": OpenAIResponsesAdapter,
+    "anthropic": AnthropicAdapter,
+    "gemini": GeminiAdapter,
+}
+"""Every adapter by the provider name jobs use."""

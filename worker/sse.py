@@ -1,0 +1,274 @@
+"""SSE framing: turns the bytes of a ``text/event-stream`` body into frames.
+
+One job: split the body into lines, collect fields into events and dispatch them as
+:class:`~worker.frames.SSEFrame` (WHATWG HTML, "Interpreting an event stream"), plus one
+provider workaround: a raw JSON object written into the body without ``data:`` prefixes
+(Gemini's error object, PROVIDERS.md 5.3) comes out as a :class:`~worker.frames.JSONFrame`.
+
+Lines are split on bytes (CR, LF and CRLF only; UTF-8 never uses those bytes inside a
+character) and each complete field value is decoded once with U+FFFD for invalid
+bytes, which is what decoding the stream incrementally gives, without ever decoding half
+a character and with exact byte counts for the size limits. Pure: imports no I/O (no
+asyncio, aiohttp, redis or opentelemetry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import msgspec
+
+from schema.errors import FrameTooLargeError, UpstreamProtocolError
+from worker.frames import Frame, JSONFrame, SSEFrame
+from worker.jsonscan import DepthScanner, LeadingBOM
+
+DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
+"""Default limit for one line, one event's data and one raw JSON object, in bytes."""
+
+_MAX_RETRY_DIGITS: Final = 18
+"""Longer ``retry`` values are ignored (beyond any sane delay, and int parsing limits)."""
+
+
+class SSEEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """What :meth:`SSEDecoder.close` reports at the end of the body."""
+
+    frames: list[Frame]
+    """Frames completed by the end of the body (a raw JSON object closed on the last line)."""
+    truncated: bool
+    """True when an unfinished line, undispatched event or unclosed raw JSON object was cut."""
+
+
+def _too_large(what: str, limit: int) -> FrameTooLargeError:
+    return FrameTooLargeError(f"SSE {what} exceeds max_frame_bytes={limit} bytes")
+
+
+class _LineSplitter:
+    """Splits body bytes into lines on CR, LF or CRLF, a CRLF split across reads counting once."""
+
+    def __init__(self, max_line_bytes: int) -> None:
+        self._max_line_bytes = max_line_bytes
+        self._bom = LeadingBOM()
+        self._tail = bytearray()
+        self._after_cr = False
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        """Yield each line completed by ``chunk``, without its terminator."""
+        chunk = self._bom.strip(chunk)
+        if self._after_cr and chunk:
+            self._after_cr = False
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
+        # bytes.splitlines splits on CR, LF and CRLF only (str.splitlines would also
+        # split on U+2028, U+0085, VT, FF, ...).
+        parts = chunk.splitlines(keepends=True)
+        if parts and parts[-1][-1] == 0x0D:
+            self._after_cr = True
+        for part in parts:
+            line = part.rstrip(b"\r\n")
+            if len(line) == len(part):
+                self._keep(line)
+                return
+            if self._tail:
+                line = bytes(self._tail) + line
+                self._tail.clear()
+            if len(line) > self._max_line_bytes:
+                raise _too_large("line", self._max_line_bytes)
+            yield line
+
+    def close(self) -> bytes:
+        """Return the bytes of the unfinished last line (empty for a clean end)."""
+        return self._bom.pending + bytes(self._tail)
+
+    def _keep(self, partial: bytes) -> None:
+        if len(self._tail) + len(partial) > self._max_line_bytes:
+            raise _too_large("line (unterminated)", self._max_line_bytes)
+        self._tail += partial
+
+
+class SSEDecoder:
+    r"""Sans-I/O decoder of one SSE response body: feed it bytes, get frames.
+
+    Args:
+        max_frame_bytes: Limit, in bytes, for one line (terminator excluded), for one
+            event's data (its ``data`` values joined with ``\n``) and for one raw JSON
+            object. Reaching it exactly is allowed.
+
+    Per event, fields accumulate until a blank line dispatches them: ``data`` values are
+    joined with ``\n``, ``event`` names the frame (``message`` when absent, reset after
+    each blank line), ``id`` sets the last event ID buffer, which persists across events
+    (ignored when it contains NUL; an empty ``id`` resets it to ``None``), ``retry``
+    (ASCII digits only) is reported on the frame of its own block. Comments (``:``) and
+    unknown fields are ignored. A block without any ``data`` line dispatches nothing.
+
+    At the start of an event (no field line since the last blank line), a line whose
+    first non-blank byte is ``{`` starts a raw JSON object: lines are collected (joined
+    with ``\n``) until the object closes, then emitted as one ``JSONFrame``.
+
+    Follows WHATWG HTML, "Interpreting an event stream".
+    """
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._max_frame_bytes = max_frame_bytes
+        self._lines = _LineSplitter(max_frame_bytes)
+        self._fields: dict[bytes, Callable[[bytes], None]] = {
+            b"data": self._on_data,
+            b"event": self._on_event,
+            b"id": self._on_id,
+            b"retry": self._on_retry,
+        }
+        self._data: list[bytes] = []
+        self._data_bytes = 0
+        self._event = b""
+        self._last_id: str | None = None
+        self._retry_ms: int | None = None
+        self._pending = False
+        self._raw: list[bytes] | None = None
+        self._raw_bytes = 0
+        self._scanner = DepthScanner()
+        self._failure: UpstreamProtocolError | None = None
+
+    def feed(self, chunk: bytes) -> list[Frame]:
+        """Consume one network read and return the frames it completed.
+
+        When an error comes after frames completed earlier in the same chunk, those
+        frames are returned first and the error is raised by the next call; once an
+        error has been raised or deferred, every later call raises it again.
+
+        Args:
+            chunk: Any slice of the response body, possibly empty, possibly ending
+                inside a UTF-8 sequence or between CR and LF.
+
+        Returns:
+            ``SSEFrame`` and ``JSONFrame`` objects in arrival order; often empty.
+
+        Raises:
+            FrameTooLargeError: A line, an event's data or a raw JSON object exceeds
+                ``max_frame_bytes``. The stream cannot continue; the adapter ends it as
+                ``failed``/``protocol``.
+            UpstreamProtocolError: Bytes other than blanks follow a raw JSON object on
+                its closing line (same handling).
+
+        Follows WHATWG HTML, "Interpreting an event stream".
+        """
+        self._raise_failure()
+        frames: list[Frame] = []
+        try:
+            for line in self._lines.feed(chunk):
+                frame = self._take_line(line)
+                if frame is not None:
+                    frames.append(frame)
+        except UpstreamProtocolError as exc:
+            self._failure = exc
+            if not frames:
+                raise
+        return frames
+
+    def close(self) -> SSEEnd:
+        """End the body: report the frame a last unterminated line completes, and truncation.
+
+        Call once, after the last :meth:`feed`. An event not ended by a blank line is
+        discarded, never parsed. A raw JSON object may close on a last line without a
+        terminator; that frame is returned.
+
+        Returns:
+            ``SSEEnd``: ``frames`` (zero or one ``JSONFrame``) and ``truncated``, True
+            when bytes of an unfinished line, a field of an undispatched event or an
+            unclosed raw JSON object were pending. A lone CR at the end ends a line.
+
+        Raises:
+            FrameTooLargeError: As in :meth:`feed`, for the last line or raw object.
+            UpstreamProtocolError: As in :meth:`feed`, or an error deferred by it.
+
+        Follows WHATWG HTML, "Interpreting an event stream" (end of file).
+        """
+        self._raise_failure()
+        tail = self._lines.close()
+        if tail and (self._raw is not None or self._begin_raw(tail)):
+            frame = self._raw_line(tail)
+            if frame is not None:
+                return SSEEnd(frames=[frame], truncated=False)
+        truncated = bool(tail) or self._pending or self._raw is not None
+        return SSEEnd(frames=[], truncated=truncated)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _take_line(self, line: bytes) -> Frame | None:
+        if self._raw is not None:
+            return self._raw_line(line)
+        if not line:
+            return self._dispatch()
+        if line[0] == 0x3A:  # ":" starts a comment
+            return None
+        if self._begin_raw(line):
+            return self._raw_line(line)
+        self._field(line)
+        return None
+
+    def _field(self, line: bytes) -> None:
+        self._pending = True
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        handler = self._fields.get(name)
+        if handler is not None:
+            handler(value)
+
+    def _on_data(self, value: bytes) -> None:
+        size = self._data_bytes + len(value) + (1 if self._data else 0)
+        if size > self._max_frame_bytes:
+            raise _too_large("event data", self._max_frame_bytes)
+        self._data.append(value)
+        self._data_bytes = size
+
+    def _on_event(self, value: bytes) -> None:
+        self._event = value
+
+    def _on_id(self, value: bytes) -> None:
+        if b"\x00" not in value:
+            self._last_id = value.decode("utf-8", "replace") or None
+
+    def _on_retry(self, value: bytes) -> None:
+        if value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
+            self._retry_ms = int(value)
+
+    def _dispatch(self) -> SSEFrame | None:
+        data, event, retry_ms = self._data, self._event, self._retry_ms
+        self._data, self._data_bytes, self._event, self._retry_ms = [], 0, b"", None
+        self._pending = False
+        if not data:
+            return None
+        return SSEFrame(
+            event=event.decode("utf-8", "replace") or "message",
+            data=b"\n".join(data).decode("utf-8", "replace"),
+            id=self._last_id,
+            retry_ms=retry_ms,
+        )
+
+    def _begin_raw(self, line: bytes) -> bool:
+        """Enter raw-JSON mode if ``line`` opens an object at the start of an event."""
+        if self._pending or not line.lstrip(b" \t").startswith(b"{"):
+            return False
+        self._raw, self._raw_bytes = [], 0
+        self._scanner.reset()
+        return True
+
+    def _raw_line(self, line: bytes) -> JSONFrame | None:
+        raw = self._raw
+        assert raw is not None
+        end = self._scanner.scan(line)
+        piece = line if end < 0 else line[:end]
+        self._raw_bytes += len(piece) + (1 if raw else 0)
+        if self._raw_bytes > self._max_frame_bytes:
+            raise _too_large("raw JSON object", self._max_frame_bytes)
+        raw.append(piece)
+        if end < 0:
+            return None
+        if line[end:].strip(b" \t"):
+            raise UpstreamProtocolError(
+                f"unexpected bytes after a raw JSON object in the SSE body: {line[end:][:40]!r}"
+            )
+        self._raw = None
+        return JSONFrame(text=b"\n".join(raw).decode("utf-8", "replace"))
