@@ -1,0 +1,157 @@
+"""Helpers shared by the worker's integration tests: a fake provider, a running worker, jobs.
+
+Everything runs on real sockets (port 0) and the real Redis of the ``redis_url`` fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from schema.contract import Event, decode_event
+from schema.job import Job, job_encoder, new_stream_id
+from schema.keys import EVENT_FIELD, JOB_FIELD, Keys
+from worker.runner import Worker
+from worker.settings import WorkerSettings
+from worker.telemetry import Telemetry
+from worker.upstream import Credentials, new_session
+from worker.upstream_server import STATE, ServerConfig, ServerState, make_app
+
+FAST: dict[str, Any] = {
+    "connect_timeout_s": 2.0, "idle_timeout_s": 3.0, "progress_timeout_s": 3.0, "total_timeout_s": 20.0,
+    "lease_s": 3.0, "block_ms": 50, "backoff_base_s": 0.01, "backoff_max_s": 0.05, "retry_after_max_s": 0.05,
+    "drain_s": 2.0, "max_retries": 2,
+}
+"""Small limits so tests never wait long; each test overrides what it probes."""
+
+GUARD_S = 15.0
+"""Upper bound of any wait in a test: a hang guard, never a performance target."""
+
+
+def settings_for(base_url: str, redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
+    """Worker settings pointing every provider at ``base_url`` with :data:`FAST` limits."""
+    values = {**FAST, **overrides}
+    return WorkerSettings(redis_url=redis_url, redis_prefix=keys.prefix, openai_base_url=f"{base_url}/v1",
+                          anthropic_base_url=base_url, gemini_base_url=base_url, **values)
+
+
+@contextlib.asynccontextmanager
+async def fake_upstream(config: ServerConfig | None = None) -> AsyncIterator[tuple[str, ServerState]]:
+    """Serve :func:`worker.upstream_server.make_app` on 127.0.0.1:0; yield (base URL, its state)."""
+    app = make_app(config or ServerConfig(delay_ms=1))
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}", app[STATE]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: WorkerSettings, keys: Keys, *, telemetry: Telemetry | None = None, consumer: str | None = None,
+    credentials: Credentials | None = None,
+) -> AsyncIterator[Worker]:
+    """Run a :class:`Worker` in this event loop until the block ends (then drain it)."""
+    client = aioredis.Redis.from_url(settings.redis_url)
+    session = new_session(settings)
+    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, consumer=consumer,
+                           credentials=credentials or Credentials(openai="sk-test-openai", anthropic="ak-test",
+                                                                  gemini="AIzaTestKeyTestKeyTestKey00"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(worker.ready.wait(), GUARD_S)
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, GUARD_S + settings.drain_s)
+        await session.close()
+        await client.aclose()
+
+
+def make_job(provider: str, model: str, **fields: Any) -> Job:
+    """A job with a fresh stream id and a small provider-native request."""
+    request = fields.pop("request", None) or {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    stream_id = fields.pop("stream_id", None) or new_stream_id()
+    return Job(stream_id=stream_id, provider=provider, model=model, request=request,  # type: ignore[arg-type]
+               metadata=fields.pop("metadata", {"test": True}), **fields)
+
+
+async def submit(redis: aioredis.Redis, keys: Keys, job: Job) -> str:
+    """XADD the job to the jobs stream (as the publisher does); return its entry id."""
+    entry = await redis.xadd(keys.jobs, {JOB_FIELD: job_encoder.encode(job)})
+    return entry.decode() if isinstance(entry, bytes) else str(entry)
+
+
+async def stored_events(redis: aioredis.Redis, keys: Keys, stream_id: str) -> list[Event]:
+    """Every stored event of the stream, in entry order."""
+    entries = await redis.xrange(keys.events(stream_id))
+    events = [decode_event(fields[EVENT_FIELD]) for _id, fields in entries]
+    return [e for e in events if e is not None]
+
+
+async def stored_ids(redis: aioredis.Redis, keys: Keys, stream_id: str) -> list[str]:
+    """The stored entry ids of the stream (``0-<seq>``)."""
+    return [i.decode() for i, _ in await redis.xrange(keys.events(stream_id))]
+
+
+async def meta(redis: aioredis.Redis, keys: Keys, stream_id: str) -> dict[str, str]:
+    """The stream's meta hash as text."""
+    raw = await redis.hgetall(keys.meta(stream_id))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+async def wait_for(predicate: Any, *, guard_s: float = GUARD_S, step_s: float = 0.01) -> None:
+    """Poll an async predicate until it is true; fail the test after ``guard_s``."""
+    deadline = time.monotonic() + guard_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the guard time")
+        await asyncio.sleep(step_s)
+
+
+async def wait_done(redis: aioredis.Redis, keys: Keys, stream_id: str) -> dict[str, str]:
+    """Wait until the stream's meta says ``state=done``; return the meta."""
+    async def done() -> bool:
+        return (await meta(redis, keys, stream_id)).get("state") == "done"
+
+    await wait_for(done)
+    return await meta(redis, keys, stream_id)
+
+
+async def pending_count(redis: aioredis.Redis, keys: Keys) -> int:
+    """How many jobs are pending (delivered, not acked) in the ``workers`` group."""
+    info = await redis.xpending(keys.jobs, "workers")
+    return int(info["pending"])
+
+
+async def recorded(base_url: str) -> list[dict[str, Any]]:
+    """The fake upstream's recorded requests, through its HTTP API."""
+    async with aiohttp.ClientSession() as session, session.get(f"{base_url}/_requests") as response:
+        return list(msgspec.json.decode(await response.read()))
+
+
+def strip_volatile(events: list[Event]) -> list[dict[str, Any]]:
+    """Events as builtins without ``stream_id``, ``ts`` and ``stream.start``'s model/metadata."""
+    out = []
+    for event in events:
+        item = msgspec.to_builtins(event)
+        item.pop("stream_id", None)
+        item.pop("ts", None)
+        if item["type"] == "stream.start":
+            item.pop("model", None)
+            item.pop("metadata", None)
+        out.append(item)
+    return out

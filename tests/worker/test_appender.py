@@ -1,0 +1,208 @@
+"""The fenced, batched append script against the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from schema.contract import (
+    BlockDelta,
+    BlockRef,
+    BlockStart,
+    BlockStop,
+    Delta,
+    ErrorInfo,
+    Event,
+    StreamDone,
+    StreamError,
+    StreamStart,
+    Usage,
+    decode_event,
+)
+from schema.errors import InternalError
+from schema.keys import EVENT_FIELD, Keys
+from worker.appender import (
+    Appender,
+    FencedError,
+    SeqConflictError,
+    StreamClosedError,
+    StreamWriter,
+    summary_fields,
+)
+from worker.lease import Leases
+
+SID = "st_appendtest"
+REF = BlockRef(id="b0", index=0, kind="text")
+
+
+def _start(seq: int = 1, ts: int = 1_000) -> StreamStart:
+    return StreamStart(stream_id=SID, seq=seq, ts=ts, provider="openai_chat", model="m", metadata={})
+
+
+def _body(first: int, count: int, ts: int = 1_100) -> list[Event]:
+    out: list[Event] = [BlockStart(stream_id=SID, seq=first, ts=ts, block=REF)]
+    out += [BlockDelta(stream_id=SID, seq=first + i, ts=ts + i, block=REF, delta=Delta(kind="text", text=f"t{i}"))
+            for i in range(1, count - 1)]
+    out.append(BlockStop(stream_id=SID, seq=first + count - 1, ts=ts + count, block=REF))
+    return out
+
+
+def _done(seq: int, ts: int = 2_000) -> StreamDone:
+    return StreamDone(stream_id=SID, seq=seq, ts=ts, status="completed", finish_reason="stop",
+                      provider_finish_reason="stop", usage=Usage(input_tokens=3, output_tokens=5),
+                      response_id="r1", model="m-2024")
+
+
+async def _writer(redis: aioredis.Redis, keys: Keys, consumer: str = "c1", **limits: int) -> StreamWriter:
+    claim = await Leases(redis, keys, consumer=consumer, lease_s=30).claim(
+        stream_id=SID, provider="openai_chat", model="m", entry_id="1-0", now_ms=1_000)
+    appender = Appender(redis, keys, **limits)
+    return appender.writer(SID, token=claim.token, last_seq=claim.last_seq, provider="openai_chat", model="m",
+                           started_ms=claim.started_ms)
+
+
+async def _stored(redis: aioredis.Redis, keys: Keys) -> list[tuple[str, Event | None]]:
+    return [(i.decode(), decode_event(f[EVENT_FIELD])) for i, f in await redis.xrange(keys.events(SID))]
+
+
+async def test_append_stores_explicit_ids_and_advances_last_seq(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    assert await writer.append([_start()]) == 1
+    assert await writer.append(_body(2, 4)) == 5
+    stored = await _stored(redis_client, keys)
+    assert [i for i, _ in stored] == ["0-1", "0-2", "0-3", "0-4", "0-5"]
+    assert [e.seq for _, e in stored if e] == [1, 2, 3, 4, 5]
+    assert (await redis_client.hget(keys.meta(SID), "last_seq")) == b"5"
+    assert await redis_client.ttl(keys.events(SID)) == -1  # no TTL while running
+
+
+async def test_append_refuses_stale_fencing_token(redis_client: aioredis.Redis, keys: Keys) -> None:
+    old = await _writer(redis_client, keys, consumer="old")
+    await old.append([_start()])
+    new = await _writer(redis_client, keys, consumer="new")  # a reclaim: token incremented
+    assert new.token == old.token + 1
+    with pytest.raises(FencedError):
+        await old.append(_body(2, 3))
+    assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1"]
+    assert await new.append(_body(2, 3)) == 4
+
+
+async def test_append_refuses_seq_gap(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    await writer.append([_start()])
+    with pytest.raises(SeqConflictError) as caught:
+        await writer.append(_body(3, 3))
+    assert caught.value.stored_seq == 1
+    with pytest.raises(SeqConflictError):
+        await writer.append([_start()])  # a duplicate of seq 1
+    assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1"]
+
+
+async def test_append_refuses_after_terminal(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    await writer.append([_start(), *_body(2, 3), _done(5)])
+    assert writer.terminal is not None
+    with pytest.raises(StreamClosedError):
+        await writer.append(_body(6, 3))
+    assert len(await _stored(redis_client, keys)) == 5
+
+
+async def test_terminal_must_be_last_in_batch(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    with pytest.raises(InternalError):
+        await writer.append([_start(), _done(2), *_body(3, 3)])
+    assert await _stored(redis_client, keys) == []
+
+
+async def _command_calls(redis: aioredis.Redis, name: str) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+async def test_batch_is_one_script_call_in_order(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    await writer.append([_start()])  # loads the script, so the batch below is one EVALSHA
+    evalsha, xadd = await _command_calls(redis_client, "evalsha"), await _command_calls(redis_client, "xadd")
+    batch = _body(2, 50)
+    await writer.append(batch)
+    assert await _command_calls(redis_client, "evalsha") - evalsha == 1
+    assert await _command_calls(redis_client, "xadd") - xadd == 50  # inside the one script call
+    stored = await _stored(redis_client, keys)
+    assert [e for _, e in stored[1:]] == batch
+
+
+async def test_append_publishes_last_seq_on_live_channel(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.live(SID))
+    try:
+        await writer.append([_start()])
+        await writer.append(_body(2, 3))
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            message = await pubsub.get_message(timeout=1.0)  # None for the subscribe confirmation
+            if message is not None:
+                got.append(message["data"])
+        assert got == [b"1", b"4"]
+    finally:
+        await pubsub.aclose()
+
+
+async def test_terminal_sets_ttl_tombstone_and_summary(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys, stream_ttl_s=100, tombstone_ttl_s=1000, done_maxlen=10)
+    await writer.append([_start()])
+    await writer.append([*_body(2, 3, ts=1_250), _done(5, ts=3_000)])
+    meta = {k.decode(): v.decode() for k, v in (await redis_client.hgetall(keys.meta(SID))).items()}
+    assert (meta["state"], meta["status"], meta["last_seq"], meta["ended_ms"]) == ("done", "completed", "5", "3000")
+    assert 0 < await redis_client.ttl(keys.events(SID)) <= 100
+    assert 0 < await redis_client.ttl(keys.meta(SID)) <= 100
+    assert 100 < await redis_client.ttl(keys.tomb(SID)) <= 1000
+    assert await redis_client.hgetall(keys.tomb(SID)) == {b"last_seq": b"5", b"status": b"completed"}
+    entries = await redis_client.xrange(keys.done)
+    assert len(entries) == 1
+    summary = {k.decode(): v.decode() for k, v in entries[0][1].items()}
+    assert summary == {
+        "stream_id": SID, "provider": "openai_chat", "model": "m", "status": "completed", "finish_reason": "stop",
+        "error_category": "", "input_tokens": "3", "output_tokens": "5", "cached_input_tokens": "",
+        "reasoning_tokens": "", "events": "5", "ttfd_ms": "251", "duration_ms": "2000", "ended_ms": "3000",
+    }
+
+
+async def test_done_stream_is_capped(redis_client: aioredis.Redis, keys: Keys) -> None:
+    appender = Appender(redis_client, keys, done_maxlen=5)
+    leases = Leases(redis_client, keys, consumer="c", lease_s=30)
+    for n in range(300):
+        sid = f"st_cap{n}"
+        claim = await leases.claim(stream_id=sid, provider="gemini", model="m", entry_id="1-0", now_ms=1)
+        writer = appender.writer(sid, token=claim.token, last_seq=0)
+        start = StreamStart(stream_id=sid, seq=1, ts=1, provider="gemini", model="m", metadata={})
+        await writer.append([start, StreamError(
+            stream_id=sid, seq=2, ts=2, status="cancelled", usage=None, finish_reason=None,
+            error=ErrorInfo(category="cancelled", retryable=False, message="x"))])
+    assert await redis_client.xlen(keys.done) < 300  # MAXLEN ~ trims whole macro nodes
+
+
+def test_summary_fields_of_error_without_usage() -> None:
+    error = StreamError(stream_id=SID, seq=4, ts=5_000, status="interrupted", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="worker_lost", retryable=True, message="lost"))
+    fields = summary_fields(error, provider="anthropic", model="c", started_ms=4_000, first_delta_ms=None)
+    as_dict = dict(zip(fields[::2], fields[1::2], strict=True))
+    assert as_dict["status"] == "interrupted"
+    assert as_dict["error_category"] == "worker_lost"
+    assert as_dict["ttfd_ms"] == ""
+    assert as_dict["duration_ms"] == "1000"
+    assert as_dict["input_tokens"] == ""
+
+
+async def test_concurrent_writers_of_one_stream_store_each_seq_once(redis_client: aioredis.Redis,
+                                                                    keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    await writer.append([_start()])
+    twin = writer._appender.writer(SID, token=writer.token, last_seq=1)
+    results = await asyncio.gather(writer.append(_body(2, 3)), twin.append(_body(2, 3)), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["SeqConflictError", "int"]
+    assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1", "0-2", "0-3", "0-4"]

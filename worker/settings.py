@@ -1,0 +1,96 @@
+"""The worker's configuration: one frozen Struct read from ``FANOUT_*`` variables.
+
+Every field is the variable's name lower-cased without ``FANOUT_`` (``FANOUT_IDLE_TIMEOUT_S``
+→ ``idle_timeout_s``); ``REDIS_URL`` and the two ``OTEL_*_EXPORTER`` variables map as
+:func:`schema.settings.load_settings` describes. Provider API keys are not settings: they
+are read by :func:`worker.upstream.credentials_from_env` and never stored in a Struct
+that could be logged. Units live in the names (``_s`` seconds, ``_ms`` milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+import msgspec
+
+from schema.settings import load_settings
+
+_Positive = Annotated[float, msgspec.Meta(gt=0)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything ``fanout worker`` reads from the environment (or CLI overrides)."""
+
+    redis_url: str = "redis://localhost:6379/0"
+    """Redis to use (``REDIS_URL``)."""
+    redis_prefix: str = "fanout"
+    """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
+    """Streams one worker process runs at once (``--concurrency``)."""
+    block_ms: Annotated[int, msgspec.Meta(ge=1)] = 2000
+    """``XREADGROUP BLOCK`` while waiting for jobs; bounds how fast shutdown stops intake."""
+
+    connect_timeout_s: _Positive = 10.0
+    """TCP (and TLS) connect to the provider; past it the attempt fails ``timeout``."""
+    idle_timeout_s: _Positive = 60.0
+    """No byte from the provider (headers or body) for this long: ``interrupted``/``timeout``."""
+    progress_timeout_s: _Positive = 120.0
+    """No meaningful event (pings, comments, keep-alives do not count): ``interrupted``/``timeout``."""
+    total_timeout_s: _Positive = 900.0
+    """Whole job, retries included: ``interrupted``/``timeout`` when exceeded."""
+
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 2
+    """Upstream retries after the first attempt, only before the first delta is stored."""
+    backoff_base_s: _Positive = 0.5
+    """First backoff window; attempt ``n`` waits uniformly in ``[0, base * 2**(n-1)]`` (full jitter)."""
+    backoff_max_s: _Positive = 10.0
+    """Upper bound of the jittered backoff window."""
+    retry_after_max_s: _NonNegative = 30.0
+    """Largest ``Retry-After`` honoured; longer answers are cut to this."""
+
+    lease_s: _Positive = 30.0
+    """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle
+    longer is reclaimed by ``XAUTOCLAIM``."""
+    drain_s: _NonNegative = 25.0
+    """After SIGTERM, how long running streams may go on before they are stopped unwritten."""
+    stream_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 86_400
+    """TTL of a finished stream's events and meta."""
+    tombstone_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 7 * 86_400
+    """TTL of the tombstone (``last_seq``, ``status``) that outlives the events."""
+    done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream."""
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
+    """Largest SSE frame or JSON-array element accepted from a provider."""
+
+    openai_base_url: str = "https://api.openai.com/v1"
+    """OpenAI API root; ``/chat/completions`` or ``/responses`` is appended."""
+    anthropic_base_url: str = "https://api.anthropic.com"
+    """Anthropic API root; ``/v1/messages`` is appended."""
+    gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    """Gemini API root; ``/v1beta/models/{model}:streamGenerateContent`` is appended."""
+    gemini_framing: Literal["sse", "json_array"] = "sse"
+    """``sse`` asks Gemini for ``alt=sse``; ``json_array`` reads its default streamed array."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Level of the key=value log lines on stderr (``FANOUT_LOG_LEVEL``)."""
+
+    otel_traces_exporter: str = "none"
+    """``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
+    otel_metrics_exporter: str = "none"
+    """``OTEL_METRICS_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
+
+    @property
+    def lease_renew_s(self) -> float:
+        """Seconds between two renewals of a running job's lease (a third of the lease)."""
+        return self.lease_s / 3
+
+
+def load_worker_settings(environ: Mapping[str, str], **overrides: object) -> WorkerSettings:
+    """Read :class:`WorkerSettings` from ``environ`` plus CLI overrides (``None`` ignored).
+
+    Raises:
+        schema.settings.SettingsError: A variable that does not parse or is out of range.
+    """
+    return load_settings(WorkerSettings, environ, **overrides)
