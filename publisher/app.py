@@ -1,0 +1,117 @@
+"""The publisher's application factory: settings in, a ready ``web.Application`` out.
+
+:func:`create_app` is what the CLI, the functional tests, later end-to-end tests and the
+demo all start. The Redis client (a blocking pool of
+``FANOUT_REDIS_MAX_CONNECTIONS``: a burst of readers waits for a connection instead of
+failing) and the hub live in ``cleanup_ctx``; state is reached
+through the typed keys of :mod:`publisher.state`. Run the app with
+:data:`RUNNER_KWARGS` (masked access log, handler cancellation on client disconnect).
+On shutdown, open SSE responses are closed spread over ``FANOUT_SHUTDOWN_WINDOW_S`` so
+their clients reconnect to other publishers gradually.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from opentelemetry import metrics, trace
+
+from publisher.accesslog import MaskedAccessLogger
+from publisher.hub import Hub
+from publisher.limits import ConnectionGate
+from publisher.middleware import add_cors_headers, cors_middleware, problem_middleware, telemetry_middleware
+from publisher.routes import setup_routes
+from publisher.settings import PublisherSettings, resolve_secrets
+from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, STORE, TELEMETRY
+from publisher.store import Store
+from publisher.telemetry import Telemetry
+from schema.keys import Keys
+
+RUNNER_KWARGS: Final[dict[str, Any]] = {"access_log_class": MaskedAccessLogger, "handler_cancellation": True}
+"""Keyword arguments for ``web.AppRunner`` / ``TestServer`` / ``web.run_app`` of this app."""
+
+RedisWrapper = Callable[[aioredis.Redis], Any]
+"""Takes the command client, returns an object with the same methods (tests hook reads)."""
+
+
+def create_app(
+    settings: PublisherSettings,
+    *,
+    keys: Keys | None = None,
+    redis_url: str | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+    wrap_redis: RedisWrapper | None = None,
+) -> web.Application:
+    """Build the publisher app.
+
+    Args:
+        settings: The settings; a missing token secret is resolved or refused here.
+        keys: Key layout (default: ``settings.redis_prefix``); tests pass a unique one.
+        redis_url: Overrides ``settings.redis_url``.
+        tracer_provider: Source of spans (default: the global provider).
+        meter_provider: Source of metrics (default: the global provider).
+        wrap_redis: Wraps the command client used for stream reads and writes.
+
+    Raises:
+        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode.
+    """
+    settings = resolve_secrets(settings)
+    app = web.Application(
+        middlewares=[telemetry_middleware, cors_middleware, problem_middleware],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[KEYS] = keys or Keys(settings.redis_prefix)
+    app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
+    app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)
+    app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))
+    app.on_response_prepare.append(add_cors_headers)
+    app.on_shutdown.append(close_streams)
+    setup_routes(app, settings)
+    return app
+
+
+def _redis_context(
+    url: str, wrap_redis: RedisWrapper | None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def redis_context(app: web.Application) -> AsyncIterator[None]:
+        keys, settings = app[KEYS], app[SETTINGS]
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s,
+            client_name=f"fanout-publisher:{keys.prefix}",  # shows in CLIENT LIST
+        )
+        client = aioredis.Redis.from_pool(pool)
+        commands = wrap_redis(client) if wrap_redis is not None else client
+        app[REDIS] = commands
+        app[STORE] = store = Store(commands, keys, settings.read_page)
+        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s)
+        await hub.start()
+        yield
+        await hub.close()
+        await client.aclose()
+
+    return redis_context
+
+
+async def close_streams(app: web.Application) -> None:
+    """Close every open SSE response, spread evenly over ``FANOUT_SHUTDOWN_WINDOW_S``.
+
+    New SSE requests are refused (503) from the start. Each closed response ends
+    normally, so EventSource reconnects (to another publisher) after its ``retry:``.
+    """
+    app[GATE].closing = True
+    readers = app[HUB].readers()
+    step_s = app[SETTINGS].shutdown_window_s / len(readers) if readers else 0.0
+    for index, reader in enumerate(readers):
+        if index:
+            await asyncio.sleep(step_s)
+        reader.close("shutdown")
+    for reader in app[HUB].readers():
+        reader.close("shutdown")

@@ -1,0 +1,253 @@
+"""Python client for fanout consumers: submit jobs and follow streams with automatic resume.
+
+:meth:`FanoutClient.events` is an async iterator over a stream's contract events that
+reconnects by itself when the connection drops, sending ``Last-Event-ID`` so no event
+is missed or repeated, waiting as the server's ``retry:`` hint asks (with exponential
+backoff and jitter on repeated failures), and stopping on ``204`` or a terminal event.
+SSE bytes are decoded by the same sans-I/O decoder the workers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+
+from schema.contract import Event, decode_event, is_terminal
+from schema.errors import FanoutError
+from schema.reducer import AssembledResult, Assembler
+from worker.frames import SSEFrame
+from worker.sse import SSEDecoder
+
+DEFAULT_RETRY_MS: Final = 1000
+"""Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
+MAX_BACKOFF_S: Final = 30.0
+"""Longest wait between two reconnects."""
+
+
+class StreamUnavailableError(FanoutError):
+    """The publisher refused the stream (404 unknown, 410 history gone, 401/403 token).
+
+    Attributes:
+        status: The HTTP status.
+        problem: The RFC 9457 problem body, when one was sent.
+    """
+
+    def __init__(self, message: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(message, category="not_found" if status == 404 else "invalid_request")
+        self.status = status
+        self.problem = problem or {}
+
+
+class Submission(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``POST /v1/streams`` answered."""
+
+    stream_id: str
+    """The stream's id."""
+    events_url: str
+    """Absolute or root-relative URL of the SSE route."""
+    status_url: str
+    """URL of the status route."""
+    token: str
+    """Read token for this stream."""
+    token_expires_at: int | None = None
+    """Token expiry, seconds since the epoch."""
+    cancel_url: str | None = None
+    """URL of the cancel route."""
+
+
+class FanoutClient:
+    """Client of one fanout publisher.
+
+    Args:
+        base_url: The publisher's root URL, e.g. ``http://127.0.0.1:8080``.
+        api_key: Bearer API key, needed to submit and cancel (and to read any stream).
+        session: An ``aiohttp.ClientSession`` to reuse; one is created (and closed by
+            :meth:`close`) otherwise.
+        max_reconnects: Consecutive failed reconnects tolerated before giving up.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+        max_reconnects: int = 20,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self._session = session
+        self._own_session = session is None
+        self.max_reconnects = max_reconnects
+        self.reconnects = 0
+        """Reconnects made by :meth:`events` so far (for tests and progress views)."""
+
+    async def __aenter__(self) -> FanoutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The HTTP session (created on first use)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session if this client created it."""
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _url(self, path_or_url: str) -> str:
+        return path_or_url if "://" in path_or_url else f"{self.base_url}{path_or_url}"
+
+    def _auth(self, token: str | None = None) -> dict[str, str]:
+        secret = token or self.api_key
+        return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+    async def submit(
+        self,
+        *,
+        provider: str,
+        model: str,
+        request: dict[str, Any],
+        stream_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Submission:
+        """Submit a job (``POST /v1/streams``) and return the publisher's answer.
+
+        Raises:
+            StreamUnavailableError: The publisher refused it (the problem body is attached).
+        """
+        body: dict[str, Any] = {"provider": provider, "model": model, "request": request}
+        if stream_id:
+            body["stream_id"] = stream_id
+        if metadata:
+            body["metadata"] = metadata
+        async with self.session.post(self._url("/v1/streams"), json=body, headers=self._auth()) as resp:
+            data = await self._json_or_raise(resp, expect=(200, 201))
+        return msgspec.convert(data, Submission)
+
+    async def cancel(self, stream_id: str) -> int:
+        """Ask the publisher to cancel a stream; return the HTTP status (202, or 409 once terminal)."""
+        async with self.session.post(self._url(f"/v1/streams/{stream_id}/cancel"), headers=self._auth()) as resp:
+            return resp.status
+
+    async def status(self, stream_id: str, token: str | None = None) -> dict[str, Any]:
+        """Return ``GET /v1/streams/{id}``: the stream's status and assembled result so far."""
+        async with self.session.get(self._url(f"/v1/streams/{stream_id}"), headers=self._auth(token)) as resp:
+            return await self._json_or_raise(resp, expect=(200,))
+
+    async def events(
+        self,
+        stream_id: str,
+        *,
+        token: str | None = None,
+        last_event_id: int | None = None,
+        events_url: str | None = None,
+    ) -> AsyncIterator[Event]:
+        """Yield the stream's events after ``last_event_id``, resuming by itself on disconnect.
+
+        Args:
+            stream_id: The stream to follow.
+            token: Its read token (else the API key is used).
+            last_event_id: The last seq already held; ``None`` starts at the beginning.
+            events_url: The URL from the submission (default ``/v1/streams/{id}/events``).
+
+        Yields:
+            Contract events in seq order, each once; unknown event types are skipped.
+            Ends after the terminal event, or at once on ``204`` (already complete).
+
+        Raises:
+            StreamUnavailableError: 400/401/403/404/410 from the publisher, or more than
+                ``max_reconnects`` consecutive failed connections.
+        """
+        url = self._url(events_url or f"/v1/streams/{stream_id}/events")
+        position, retry_ms, failures = last_event_id, DEFAULT_RETRY_MS, 0
+        while True:
+            conn = _Connection()
+            try:
+                async for frame_id, event, hint in self._one_connection(url, token, position, conn):
+                    if hint is not None:
+                        retry_ms = hint
+                    if frame_id is not None:
+                        position, failures = frame_id, 0
+                    if event is not None:
+                        yield event
+                        if is_terminal(event):
+                            return
+            except (TimeoutError, aiohttp.ClientError, ConnectionError):
+                pass
+            if conn.complete:
+                return
+            failures += 1
+            if failures > self.max_reconnects:
+                raise StreamUnavailableError("gave up reconnecting", status=503)
+            self.reconnects += 1
+            await asyncio.sleep(_backoff_s(retry_ms, failures))
+
+    async def _one_connection(
+        self, url: str, token: str | None, position: int | None, conn: _Connection
+    ) -> AsyncIterator[tuple[int | None, Event | None, int | None]]:
+        headers = {**self._auth(token), "Accept": "text/event-stream"}
+        if position is not None:
+            headers["Last-Event-ID"] = str(position)
+        async with self.session.get(url, headers=headers) as resp:
+            if resp.status == 204:
+                conn.complete = True
+                return
+            if resp.status != 200:
+                await self._json_or_raise(resp, expect=(200,))
+            decoder = SSEDecoder()
+            async for chunk in resp.content.iter_any():
+                for frame in decoder.feed(chunk):
+                    if not isinstance(frame, SSEFrame):
+                        continue
+                    event = decode_event(frame.data) if frame.event != "stream.gap" else None
+                    frame_id = int(frame.id) if frame.id and frame.id.isdigit() else None
+                    yield frame_id, event, frame.retry_ms
+
+    async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
+        """Follow the stream to its end and return the assembled result."""
+        assembler = Assembler(stream_id)
+        async for event in self.events(stream_id, token=token):
+            assembler.apply(event)
+        return assembler.result()
+
+    @staticmethod
+    async def _json_or_raise(resp: aiohttp.ClientResponse, *, expect: tuple[int, ...]) -> dict[str, Any]:
+        try:
+            data = await resp.json(content_type=None)
+        except (ValueError, aiohttp.ContentTypeError):
+            data = None
+        if resp.status in expect and isinstance(data, dict):
+            return data
+        problem = data if isinstance(data, dict) else {}
+        detail = problem.get("detail") or problem.get("title") or resp.reason or "request refused"
+        raise StreamUnavailableError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
+
+
+class _Connection:
+    """What one connection learned beyond its events: whether the server said 204."""
+
+    __slots__ = ("complete",)
+
+    def __init__(self) -> None:
+        self.complete = False
+
+
+def _backoff_s(retry_ms: int, failures: int) -> float:
+    """Wait before reconnect ``failures``: the ``retry:`` hint, doubled per failure, full jitter after the first."""
+    base = retry_ms / 1000.0
+    if failures <= 1:
+        return base
+    ceiling: float = min(MAX_BACKOFF_S, base * 2.0 ** (failures - 1))
+    return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography

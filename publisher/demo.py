@@ -1,0 +1,171 @@
+"""``fanout demo`` (and ``make demo``): the whole stack on one machine, on recorded transcripts.
+
+Starts Redis (``REDIS_URL``, else an embedded server), ``fanout upstream`` replaying
+``transcripts/`` as the four providers would, two ``fanout worker`` processes and one
+``fanout publisher``; submits one job per demo case over ``POST /v1/streams``; follows
+every stream over SSE with a live progress view; drops one reader mid-stream and
+resumes it with ``Last-Event-ID``; prints a summary table; and exits 0 only when every
+stream's assembled result equals the one its transcript's golden events assemble to.
+Every process it started is stopped on the way out (``--keep-running`` leaves the
+stack up and prints the demo page URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+
+from publisher.client import FanoutClient, Submission
+from publisher.demo_view import CaseRun, ProgressView, summary_table
+from publisher.stack import LocalStack
+from schema.contract import BlockDelta, Event, StreamError, is_terminal
+from schema.reducer import reduce
+from worker.embedded_redis import redis_url
+from worker.replay import replay_file
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+TRANSCRIPTS: Final = ROOT / "transcripts"
+
+DEMO_CASES: Final[tuple[tuple[str, str, str], ...]] = (
+    ("openai_chat", "openai_chat", "simple_text_greek_usage_chunk"),
+    ("openai_chat", "openai_chat", "ollama_parallel_calls_index_zero"),
+    ("openai_chat", "openai_chat", "reasoning_text_tool_call_blocks"),
+    ("openai_responses", "openai_responses", "several_blocks_reasoning_text_and_call"),
+    ("openai_responses", "openai_responses", "failed_after_partial_text"),
+    ("anthropic", "anthropic", "thinking_with_signature"),
+    ("anthropic", "anthropic", "error_after_partial_text"),
+    ("gemini", "gemini_sse", "thought_text_call_blocks"),
+    ("gemini", "gemini_sse", "interrupted_mid_event_without_finish_reason"),
+)
+"""(provider, transcript directory, case): text, reasoning, parallel tool calls, an
+error mid-stream and an interruption, across all four providers."""
+DROPPED_CASE: Final = "thinking_with_signature"
+"""The case whose reader is dropped mid-stream and resumed with ``Last-Event-ID``."""
+DROP_AFTER_EVENTS: Final = 4
+"""Events the dropped reader takes before its connection is cut."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Declare the ``demo`` options."""
+    parser.add_argument("--keep-running", action="store_true", help="leave the stack up and print the demo page URL")
+    parser.add_argument("--delay-ms", type=int, default=40, help="upstream pause between chunks (ms)")
+    parser.add_argument("--chunk-bytes", type=int, default=96, help="upstream chunk size (bytes)")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="give up on the demo after this long")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; exit 0 only when every stream matched its golden result."""
+    with redis_url() as url:
+        sys.stdout.write(f"redis: {'REDIS_URL' if os.environ.get('REDIS_URL') else 'embedded server'}\n")
+        prefix = os.environ.get("FANOUT_REDIS_PREFIX")
+        with LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix) as stack:
+            sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+            try:
+                code, last = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
+            except TimeoutError:
+                sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
+                return 1
+            if args.keep_running:
+                _announce(stack, last)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while stack.alive():
+                        time.sleep(1)
+            return code
+
+
+def _announce(stack: LocalStack, last: Submission | None) -> None:
+    page = f"{stack.base_url}/demo"
+    if last is not None:
+        page += f"?stream_id={last.stream_id}&token={last.token}"
+    sys.stdout.write(f"\nstack running (Ctrl-C stops it)\n  publisher: {stack.base_url}\n"
+                     f"  API key:   {stack.api_key}\n  demo page: {page}\n")
+
+
+async def _demo(stack: LocalStack) -> tuple[int, Submission | None]:
+    view = ProgressView(sys.stdout)
+    async with aiohttp.ClientSession() as session:
+        client = FanoutClient(stack.base_url, api_key=stack.api_key, session=session)
+        runs = [CaseRun(provider=p, directory=d, case=c) for p, d, c in DEMO_CASES]
+        last: Submission | None = None
+        for run_ in runs:
+            last = await client.submit(provider=run_.provider, model=run_.case, request=_request(run_.provider),
+                                       metadata={"demo_case": f"{run_.directory}/{run_.case}"})
+            run_.stream_id = last.stream_id
+        view.start(runs)
+        await asyncio.gather(*(_follow(client, run_, view=view) for run_ in runs))
+        view.finish()
+    for run_ in runs:
+        run_.differences = _compare(run_)
+    sys.stdout.write(summary_table(runs) + "\n")
+    bad = [r for r in runs if r.differences]
+    for run_ in bad:
+        sys.stdout.write(f"MISMATCH {run_.directory}/{run_.case} ({run_.stream_id}): {'; '.join(run_.differences)}\n")
+    sys.stdout.write(f"{len(runs) - len(bad)}/{len(runs)} streams match their golden results\n")
+    return (1 if bad else 0), last
+
+
+def _request(provider: str) -> dict[str, Any]:
+    prompt = "Replay the recorded demo answer."
+    if provider == "openai_responses":
+        return {"input": prompt}
+    if provider == "gemini":
+        return {"contents": [{"role": "user", "parts": [{"text": prompt}]}]}
+    if provider == "anthropic":
+        return {"max_tokens": 1024, "messages": [{"role": "user", "content": prompt}]}
+    return {"messages": [{"role": "user", "content": prompt}]}
+
+
+async def _follow(client: FanoutClient, run_: CaseRun, *, view: ProgressView) -> None:
+    started = time.monotonic()
+    drop = run_.case == DROPPED_CASE
+    async for event in client.events(run_.stream_id):
+        _take(run_, event, view)
+        if drop and len(run_.events) == DROP_AFTER_EVENTS:
+            break
+    if drop and not (run_.events and is_terminal(run_.events[-1])):
+        run_.resumed_at = run_.events[-1].seq
+        view.note(run_, f"dropped at seq {run_.resumed_at}, resuming with Last-Event-ID")
+        async for event in client.events(run_.stream_id, last_event_id=run_.resumed_at):
+            _take(run_, event, view)
+    run_.wall_s = time.monotonic() - started
+
+
+def _take(run_: CaseRun, event: Event, view: ProgressView) -> None:
+    run_.events.append(event)
+    if isinstance(event, BlockDelta) and run_.first_delta_ts is None:
+        run_.first_delta_ts = event.ts
+    view.update(run_)
+
+
+def _compare(run_: CaseRun) -> list[str]:
+    golden_events, _ = replay_file(TRANSCRIPTS / run_.directory / f"{run_.case}.sse")
+    want, got = _comparable(golden_events), _comparable(run_.events)
+    seqs = [e.seq for e in run_.events]
+    problems = [] if seqs == list(range(1, len(seqs) + 1)) else [f"seqs not 1..n: {seqs}"]
+    for key in want:
+        if want[key] != got.get(key):
+            problems.append(f"{key}: expected {want[key]!r}, got {got.get(key)!r}")
+    return problems
+
+
+def _comparable(events: list[Event]) -> dict[str, Any]:
+    result = msgspec.to_builtins(reduce(events))
+    err = result["error"]
+    return {
+        "status": result["status"],
+        "finish_reason": result["finish_reason"],
+        "error": (err["category"], err["retryable"]) if err else None,
+        "blocks": result["blocks"],
+        "usage": result["usage"],
+        "events": len(events),
+        "last_is_error": isinstance(events[-1], StreamError) if events else None,
+    }

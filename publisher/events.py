@@ -1,0 +1,169 @@
+"""``GET /v1/streams/{stream_id}/events``: the stream over SSE with exact ``Last-Event-ID`` resume.
+
+Before any byte of the body, the request is answered in full when it can be:
+
+==========================================================  ======================
+situation                                                   answer
+==========================================================  ======================
+position not a non-negative integer                         400 ``invalid-position``
+no meta, no events, no tombstone                            404 ``not-found``
+tombstone only, position = its last seq                     204
+tombstone only, any other position                          410 ``history-expired``
+position above the stored top (meta ``last_seq``)           410 ``position-ahead``
+ended and position = last seq                               204
+first entry after the position is not position + 1         410 ``history-trimmed``
+events gone although meta says more exist                   410 ``history-expired``
+otherwise (queued, running, or ended with events to send)   200 ``text/event-stream``
+==========================================================  ======================
+
+The position is ``Last-Event-ID``, else the ``last_event_id`` query parameter, else 0
+(an empty value counts as absent, as EventSource never sends one). The live
+subscription is taken before the first history read (B18).
+
+Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Final
+
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from publisher.auth import authorize_read
+from publisher.limits import path_stream_id
+from publisher.problems import ProblemError
+from publisher.reader import Reader
+from publisher.session import Session
+from publisher.sse import SSE_HEADERS, retry_frame
+from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
+from publisher.store import Entry, StreamInfo
+from publisher.tokens import Scope
+from publisher.visibility import Projection
+
+log = logging.getLogger(__name__)
+
+_POSITION: Final = re.compile(r"[0-9]{1,64}")
+
+
+def parse_position(request: web.Request) -> int:
+    """Return the last seq the client holds: ``Last-Event-ID``, else ``last_event_id``, else 0.
+
+    Raises:
+        ProblemError: ``invalid-position`` (400) for anything but ASCII digits.
+    """
+    raw = request.headers.get("Last-Event-ID", "").strip() or request.query.get("last_event_id", "").strip()
+    if not raw:
+        return 0
+    if _POSITION.fullmatch(raw) is None:
+        raise ProblemError("invalid-position", "Last-Event-ID / last_event_id must be a non-negative integer (a seq)")
+    return int(raw)
+
+
+def early_answer(stream_id: str, info: StreamInfo, position: int) -> web.Response | None:
+    """Return the 204 owed before any read, or ``None`` to go on; raise the 404/410 owed.
+
+    Raises:
+        ProblemError: ``not-found``, ``history-expired`` or ``position-ahead``.
+    """
+    if not info.known:
+        if not info.tomb:
+            raise ProblemError("not-found", f"no stream {stream_id}")
+        last_seq = int(info.tomb.get("last_seq") or 0)
+        if position == last_seq:
+            return web.Response(status=204)
+        raise ProblemError("history-expired", "the stream ended and its events expired",
+                           extensions={"last_seq": last_seq, "stream_status": info.tomb.get("status")})
+    if position > info.last_seq:
+        raise ProblemError("position-ahead", f"position {position} is past the stored top {info.last_seq}",
+                           extensions={"last_seq": info.last_seq})
+    if info.terminal and position == info.last_seq:
+        return web.Response(status=204)
+    return None
+
+
+async def check_first_page(request: web.Request, stream_id: str, info: StreamInfo, position: int,
+                           page: list[Entry]) -> None:
+    """Refuse a position that stored history no longer follows (B20).
+
+    Raises:
+        ProblemError: ``history-trimmed`` (entries remain, but not ``position + 1``; carries
+            ``first_seq``) or ``history-expired`` (the events are gone).
+    """
+    if page and page[0].seq != position + 1:
+        raise ProblemError("history-trimmed", f"seq {position + 1} is no longer stored",
+                           extensions={"first_seq": page[0].seq, "last_seq": info.last_seq})
+    if not page and info.last_seq > position:
+        if await request.app[STORE].events_exist(stream_id):
+            raise ProblemError("history-trimmed", f"seq {position + 1} is no longer stored",
+                               extensions={"first_seq": None, "last_seq": info.last_seq})
+        raise ProblemError("history-expired", "the stream's events expired", extensions={"last_seq": info.last_seq})
+
+
+async def stream_events(request: web.Request) -> web.StreamResponse:
+    """Serve one stream over SSE (see the module table for every non-200 answer).
+
+    Raises:
+        ProblemError: 400, 401, 403, 404, 410 as tabled; 503 ``too-many-connections`` past
+            ``FANOUT_MAX_CONNECTIONS`` (with ``Retry-After``).
+    """
+    stream_id = path_stream_id(request)
+    scope = authorize_read(request, stream_id)
+    position = parse_position(request)
+    telemetry = request.app[TELEMETRY]
+    if position > 0:
+        telemetry.resumes.add(1)
+    gate = request.app[GATE]
+    gate.acquire()
+    try:
+        return await _answer(request, stream_id, scope, position)
+    except ProblemError as exc:
+        if exc.status == 410:
+            telemetry.gone.add(1, {"cause": exc.slug})
+        raise
+    finally:
+        gate.release()
+
+
+async def _answer(request: web.Request, stream_id: str, scope: Scope, position: int) -> web.StreamResponse:
+    app = request.app
+    info = await app[STORE].info(stream_id)
+    early = early_answer(stream_id, info, position)
+    if early is not None:
+        app[TELEMETRY].no_content.add(1)
+        return early
+    reader = Reader(stream_id, position, app[SETTINGS].client_queue, lambda: _overflowed(request))
+    async with app[HUB].join(reader):
+        page = await app[STORE].read_after(stream_id, position)
+        await check_first_page(request, stream_id, info, position, page)
+        return await _stream(request, reader, Projection(scope), page)
+
+
+def _overflowed(request: web.Request) -> None:
+    """Drop the connection of a reader whose queue overflowed, even mid-write."""
+    request.app[TELEMETRY].overflows.add(1)
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _stream(request: web.Request, reader: Reader, projection: Projection,
+                  page: list[Entry]) -> web.StreamResponse:
+    app = request.app
+    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await response.prepare(request)
+    app[TELEMETRY].open_connections.add(1)
+    session = Session(response=response, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
+                      telemetry=app[TELEMETRY], heartbeat_s=app[SETTINGS].heartbeat_s)
+    try:
+        await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
+        await session.run(page)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client left, or its connection was dropped on overflow
+    except RedisError as exc:  # headers are sent: end the body, the client resumes
+        log.warning("stream %s: storage error mid-response: %s", reader.stream_id, exc)
+    finally:
+        app[TELEMETRY].open_connections.add(-1)
+    return response

@@ -1,0 +1,99 @@
+"""The publisher's named limits: request body size, open SSE responses, stream id shape.
+
+Each limit is a setting (:mod:`publisher.settings`) and is inclusive: a value exactly at
+the limit passes, one past it fails with a problem document.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from aiohttp import web
+
+from publisher.problems import ProblemError
+from schema.contract import STREAM_ID_PATTERN
+
+STREAM_ID_RE: Final = re.compile(STREAM_ID_PATTERN)
+"""``^[A-Za-z0-9_-]{1,128}$`` (CONTRACT.md, Envelope)."""
+READ_CHUNK_BYTES: Final = 64 * 1024
+
+
+def valid_stream_id(stream_id: str) -> bool:
+    """Return True when ``stream_id`` matches the contract's pattern (at most 128 chars)."""
+    return STREAM_ID_RE.fullmatch(stream_id) is not None
+
+
+def path_stream_id(request: web.Request) -> str:
+    """Return the ``{stream_id}`` of the URL.
+
+    Raises:
+        ProblemError: ``not-found`` (404) for an id no stream can have (bad characters, or
+            longer than 128): such a stream never exists.
+    """
+    stream_id = request.match_info["stream_id"]
+    if not valid_stream_id(stream_id):
+        raise ProblemError("not-found", "no such stream (ids match ^[A-Za-z0-9_-]{1,128}$)")
+    return stream_id
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """Read the whole request body, refusing more than ``max_bytes`` bytes.
+
+    A declared ``Content-Length`` past the limit is refused before reading; a chunked
+    body is refused as soon as it passes the limit.
+
+    Raises:
+        ProblemError: ``body-too-large`` (413).
+    """
+    too_large = ProblemError("body-too-large", f"the request body exceeds {max_bytes} bytes (FANOUT_MAX_BODY_BYTES)")
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(READ_CHUNK_BYTES):
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class ConnectionGate:
+    """Counts open SSE responses of this process against ``max_connections``.
+
+    Args:
+        limit: Most open responses (``FANOUT_MAX_CONNECTIONS``).
+        retry_after_s: ``Retry-After`` of the 503 past the limit, seconds.
+    """
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.open = 0
+        self.closing = False
+        """Set at shutdown: every new SSE request is refused."""
+
+    def acquire(self) -> None:
+        """Take one slot; release it with :meth:`release` when the response ends.
+
+        Raises:
+            ProblemError: ``too-many-connections`` (503, ``Retry-After``) when all slots are taken.
+        """
+        if self.closing:
+            raise ProblemError(
+                "shutting-down",
+                "this publisher is shutting down; reconnect to another",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        if self.open >= self.limit:
+            raise ProblemError(
+                "too-many-connections",
+                f"this publisher already serves {self.limit} event streams; retry later or elsewhere",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self.open += 1
+
+    def release(self) -> None:
+        """Give back one slot."""
+        self.open -= 1

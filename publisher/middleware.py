@@ -1,0 +1,124 @@
+"""Request middleware: one server span per request, problem documents for every error, CORS.
+
+Order (outermost first): :func:`telemetry_middleware`, :func:`cors_middleware` (answers
+preflights), :func:`problem_middleware`. CORS headers of ordinary and streaming
+responses are added by :func:`add_cors_headers` on ``on_response_prepare``, the one
+place every response passes before its headers are sent.
+
+Follows RFC 9457 (problem details), the Fetch standard's CORS protocol, and the
+OpenTelemetry HTTP server span conventions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from redis.exceptions import RedisError
+
+from publisher.problems import ProblemError, from_http_exception
+from publisher.state import SETTINGS, TELEMETRY
+from schema.errors import InternalError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+ALLOW_METHODS = "GET, POST, OPTIONS"
+ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+EXPOSE_HEADERS = "Location, Retry-After, WWW-Authenticate"
+PREFLIGHT_MAX_AGE_S = 600
+
+
+def route_of(request: web.Request) -> str | None:
+    """Return the matched route template (``/v1/streams/{stream_id}``), or ``None``."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else None
+
+
+@web.middleware
+async def telemetry_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Wrap the request in a SERVER span named ``<method> <route>`` (no query string)."""
+    route = route_of(request)
+    attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
+    if route is not None:
+        attributes["http.route"] = route
+    with request.app[TELEMETRY].tracer.start_as_current_span(
+        f"{request.method} {route}" if route else request.method,
+        context=propagate.extract(request.headers),
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:  # the client left (handler cancellation): not a server error
+            span.set_attribute("fanout.client_disconnected", True)
+            raise
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        span.set_attribute("http.response.status_code", response.status)
+        if response.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        return response
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every error raised before a response started as a problem document."""
+    try:
+        return await handler(request)
+    except ProblemError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc)
+    except (RedisError, InternalError) as exc:
+        log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
+        return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
+
+
+def _allowed_origin(request: web.Request) -> str | None:
+    origin = request.headers.get("Origin")
+    allowed = request.app[SETTINGS].cors_origins
+    if origin is None or not allowed:
+        return None
+    if "*" in allowed:
+        return "*"
+    return origin if origin in allowed else None
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer CORS preflights (``OPTIONS`` + ``Access-Control-Request-Method``) of known routes."""
+    if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
+        return await handler(request)
+    exc = request.match_info.http_exception
+    if exc is not None and exc.status == 404:
+        return from_http_exception(exc)
+    headers = {}
+    if _allowed_origin(request) is not None:
+        headers = {
+            "Access-Control-Allow-Methods": ALLOW_METHODS,
+            "Access-Control-Allow-Headers": ALLOW_HEADERS,
+            "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+        }
+    return web.Response(status=204, headers=headers)
+
+
+async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Add ``Access-Control-Allow-Origin`` (and ``Vary: Origin``) for an allowed origin."""
+    origin = _allowed_origin(request)
+    if origin != "*" and request.app[SETTINGS].cors_origins:
+        response.headers.add("Vary", "Origin")
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS

@@ -1,0 +1,149 @@
+"""One open SSE response: replay history after the exact position, then the live tail.
+
+The cursor is always a concrete seq: the client's position at the start, afterwards the
+last seq handled. History is read with ``XRANGE (0-<cursor> +`` page by page; every
+entry must be ``cursor + 1`` (a jump is a gap: one ``stream.gap`` frame without an
+``id:`` line, then the response ends, so the client's ``Last-Event-ID`` stays on a real
+seq and its reconnect gets the 410). When a short page shows the top was reached the
+reader goes live (:meth:`publisher.hub.Hub.go_live`), and entries then come through its
+bounded queue. The response ends after the terminal event, on a gap, on queue overflow
+and at shutdown.
+
+Follows WHATWG HTML "9.2 Server-sent events" for the wire format.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import msgspec
+from aiohttp import web
+
+from publisher.hub import Hub
+from publisher.reader import Reader
+from publisher.sse import GAP_EVENT, PING, error_frame
+from publisher.store import Entry, Store
+from publisher.telemetry import Telemetry
+from publisher.visibility import Projection
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Writes one stream to one prepared SSE response.
+
+    Args:
+        response: The prepared ``text/event-stream`` response.
+        reader: The reader, already joined to the hub, cursor at the client's position.
+        projection: What this reader may see.
+        store: Stored-entry reads.
+        hub: The fan-out hub.
+        telemetry: Instruments.
+        heartbeat_s: Idle time before a ``: ping`` comment, seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        response: web.StreamResponse,
+        reader: Reader,
+        projection: Projection,
+        store: Store,
+        hub: Hub,
+        telemetry: Telemetry,
+        heartbeat_s: float,
+    ) -> None:
+        self.response = response
+        self.reader = reader
+        self.projection = projection
+        self.store = store
+        self.hub = hub
+        self.telemetry = telemetry
+        self.heartbeat_s = heartbeat_s
+        self.last_write = time.monotonic()
+
+    async def run(self, first_page: list[Entry]) -> None:
+        """Serve the stream from ``first_page`` (already checked to start at cursor + 1) on."""
+        if not await self._replay(first_page):
+            await self._live()
+
+    async def _replay(self, page: list[Entry]) -> bool:
+        """Send history until the reader is live; return True when the response must end."""
+        stale = False
+        while True:
+            entries, gap_seq = self._continuing(page)
+            if await self._send(entries, "replay"):
+                return True
+            if gap_seq is not None:
+                await self._gap(self.reader.cursor, gap_seq)
+                return True
+            if self.reader.closed is not None:
+                return True
+            if len(page) < self.store.page:
+                if self.hub.go_live(self.reader):
+                    return False
+                if stale and not page:  # live readers got entries that a later read cannot find
+                    await self._gap(self.reader.cursor, None)
+                    return True
+                stale = not page
+            page = await self.store.read_after(self.reader.stream_id, self.reader.cursor)
+
+    def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
+        """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq."""
+        for position, entry in enumerate(page):
+            if entry.seq != self.reader.cursor + 1:
+                return page[:position], entry.seq
+            self.reader.cursor = entry.seq
+        return page, None
+
+    async def _live(self) -> None:
+        """Send queued entries, with a heartbeat whenever nothing was written for a while."""
+        while True:
+            idle_s = time.monotonic() - self.last_write
+            entry = await self.reader.next(max(0.0, self.heartbeat_s - idle_s))
+            if entry is not None:
+                if await self._send([entry, *self.reader.take_queued()], "live"):
+                    return
+            elif self.reader.closed == "gap":
+                after, found = self.reader.gap or (self.reader.cursor, None)
+                await self._gap(after, found)
+                return
+            elif self.reader.closed is not None:
+                return
+            elif time.monotonic() - self.last_write >= self.heartbeat_s:
+                await self._write(PING)
+
+    async def _send(self, entries: list[Entry], phase: str) -> bool:
+        """Write the entries this reader may see in one write; return True when one ends the stream."""
+        sent: list[Entry] = []
+        for entry in entries:
+            if self.projection.needs_history(entry):
+                history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)]
+                self.projection.learn_history(history)
+            if entry.frame and self.projection.visible(entry):
+                sent.append(entry)
+            if entry.terminal:
+                break
+        if sent:
+            await self._write(b"".join(entry.frame for entry in sent))
+            for entry in sent:
+                self.telemetry.record_delivery(entry.ts_ms, phase)
+        return bool(sent) and sent[-1].terminal
+
+    async def _gap(self, after_seq: int, found_seq: int | None) -> None:
+        """Send the documented ``stream.gap`` error frame (no ``id:``); the response then ends."""
+        log.warning("stream %s: history gap after seq %s (next: %s)", self.reader.stream_id, after_seq, found_seq)
+        data = msgspec.json.encode({
+            "type": GAP_EVENT,
+            "stream_id": self.reader.stream_id,
+            "after_seq": after_seq,
+            "next_seq": found_seq,
+            "detail": "stored history no longer follows this position; reconnect to get the cause",
+        })
+        self.telemetry.gaps.add(1)
+        await self._write(error_frame(GAP_EVENT, data))
+
+    async def _write(self, frame: bytes) -> None:
+        await self.response.write(frame)
+        self.last_write = time.monotonic()

@@ -1,0 +1,106 @@
+"""The publisher's settings: ``FANOUT_*`` environment variables as one frozen Struct.
+
+Built with :func:`schema.settings.load_settings` (``FANOUT_TOKEN_TTL_S`` →
+``token_ttl_s``; ``REDIS_URL`` → ``redis_url``), then checked by :func:`resolve_secrets`,
+which refuses a deployment that could not work across several publishers. Imports no
+aiohttp or redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Annotated
+
+import msgspec
+
+from schema.settings import SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+MIN_SECRET_CHARS = 32
+"""Shortest accepted ``FANOUT_TOKEN_SECRET`` (characters); shorter keys are guessable."""
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every knob of the publisher; field ``x`` is read from ``FANOUT_X``."""
+
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """Bearer API keys allowed to submit jobs and read any stream (comma-separated)."""
+    token_secret: str = ""
+    """HMAC-SHA256 key of read tokens; every publisher of a deployment shares it."""
+    dev: bool = False
+    """Development mode: a missing token secret is generated (per process) with a warning."""
+    token_ttl_s: Positive = 3600
+    """Lifetime of a read token, seconds."""
+    sse_retry_ms: Annotated[int, msgspec.Meta(ge=0)] = 2000
+    """``retry:`` hint sent at the start of every SSE response, milliseconds."""
+    heartbeat_s: PositiveFloat = 15.0
+    """Idle time after which an SSE response gets a ``: ping`` comment, seconds."""
+    client_queue: Positive = 1024
+    """Events a reader may have queued before its connection is closed (overflow)."""
+    max_body_bytes: Positive = 1024 * 1024
+    """Largest accepted request body, bytes; one more byte is a 413."""
+    max_connections: Positive = 10_000
+    """Open SSE responses per process; one more is a 503 with ``Retry-After``."""
+    busy_retry_after_s: Positive = 2
+    """``Retry-After`` of the 503 sent past ``max_connections``, seconds."""
+    shutdown_window_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    """On SIGTERM, open SSE responses are closed spread over this window, seconds."""
+    cors_origins: list[str] = msgspec.field(default_factory=list)
+    """Origins allowed by CORS (comma-separated); ``*`` allows any."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server URL (``REDIS_URL``)."""
+    redis_max_connections: Positive = 128
+    """Size of the Redis connection pool (one connection is the hub's pub/sub)."""
+    redis_pool_timeout_s: PositiveFloat = 5.0
+    """How long a command waits for a free pooled connection before failing (503), seconds."""
+    redis_prefix: str = "fanout"
+    """Key prefix of the deployment (schema.keys)."""
+    read_page: Positive = 256
+    """Entries per ``XRANGE`` page when replaying or tailing a stream."""
+    subscribe_timeout_s: PositiveFloat = 5.0
+    """How long a reader waits for Redis to confirm its live subscription, seconds."""
+    cancel_ttl_s: Positive = 24 * 3600
+    """Lifetime of a stream's cancel flag, seconds."""
+    demo_page: bool = False
+    """Serve the static demo page (``FANOUT_DEMO_PAGE=1``); added by a later issue."""
+
+
+def settings_from_env(environ: Mapping[str, str], **overrides: object) -> PublisherSettings:
+    """Read :class:`PublisherSettings` from ``environ`` plus CLI overrides, secrets resolved.
+
+    Raises:
+        SettingsError: A malformed variable, or a missing secret outside dev mode.
+    """
+    return resolve_secrets(load_settings(PublisherSettings, environ, **overrides))
+
+
+def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:
+    """Return ``settings`` with a usable token secret, or refuse it.
+
+    A token signed by one publisher must verify on every other, so a random
+    per-process secret only works for a single development process: it is generated
+    (with a loud warning) only when ``dev`` is set.
+
+    Raises:
+        SettingsError: No ``FANOUT_TOKEN_SECRET`` outside dev mode, or one shorter than
+            :data:`MIN_SECRET_CHARS`. The process must not start.
+    """
+    if not settings.api_keys:
+        log.warning("FANOUT_API_KEYS is empty: every job submission will be refused (401)")
+    if settings.token_secret:
+        if len(settings.token_secret) < MIN_SECRET_CHARS:
+            raise SettingsError(f"FANOUT_TOKEN_SECRET must have at least {MIN_SECRET_CHARS} characters")
+        return settings
+    if not settings.dev:
+        raise SettingsError("FANOUT_TOKEN_SECRET is required (or FANOUT_DEV=1 for a throwaway one)")
+    log.warning(
+        "FANOUT_DEV=1 and no FANOUT_TOKEN_SECRET: generated a random per-process secret; "
+        "read tokens from this process will NOT verify on any other publisher"
+    )
+    return msgspec.structs.replace(settings, token_secret=secrets.token_urlsafe(48))

@@ -1,0 +1,38 @@
+"""Typed application state (``web.AppKey``) shared by the publisher's modules.
+
+Each key is set once while the app is built or in its ``cleanup_ctx``; handlers only
+read them. Kept apart from :mod:`publisher.app` so handler modules can import the keys
+without importing the factory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from publisher.settings import PublisherSettings
+from schema.keys import Keys
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from publisher.hub import Hub
+    from publisher.limits import ConnectionGate
+    from publisher.store import Store
+    from publisher.telemetry import Telemetry
+
+SETTINGS = web.AppKey("settings", PublisherSettings)
+"""The resolved settings (secret included)."""
+KEYS = web.AppKey("keys", Keys)
+"""The Redis key layout of this deployment (a unique prefix per test)."""
+REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
+"""The command client (a connection pool), opened in ``cleanup_ctx``."""
+STORE: web.AppKey[Store] = web.AppKey("store")
+"""Stream reads over the (possibly test-wrapped) command client."""
+HUB: web.AppKey[Hub] = web.AppKey("hub")
+"""The fan-out hub, opened in ``cleanup_ctx``."""
+GATE: web.AppKey[ConnectionGate] = web.AppKey("gate")
+"""Counter of open SSE responses against ``max_connections``."""
+TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry")
+"""Tracer and metric instruments."""

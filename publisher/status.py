@@ -1,0 +1,126 @@
+"""``GET /v1/streams/{stream_id}`` (status and assembled result), ``POST .../cancel``, health routes.
+
+The result is the reducer's (schema.reducer) over the stored events the reader may see:
+a ``public`` reader's result has no internal reasoning block. Cancel follows the
+protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
+on the cancels channel; the owning worker ends the stream ``cancelled``.
+
+Follows the Redis pages of SET, PUBLISH and PING, and RFC 9457 for errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from publisher.auth import authorize_read, require_api_key
+from publisher.limits import path_stream_id
+from publisher.problems import ProblemError
+from publisher.state import KEYS, REDIS, SETTINGS, STORE
+from publisher.tokens import Scope
+from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
+from schema.reducer import Assembler, result_to_builtins
+
+READY_TIMEOUT_S: Final = 2.0
+"""Longest wait for Redis to answer PING in ``/readyz``, seconds."""
+
+
+def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
+    if scope == "internal":
+        return True
+    if isinstance(event, BlockStart) and event.block.kind == "reasoning" and event.visibility == "internal":
+        internal.add(event.block.index)
+    if isinstance(event, BlockStart | BlockDelta | BlockStop):
+        return event.block.index not in internal
+    return True
+
+
+async def _assemble(request: web.Request, stream_id: str, scope: Scope) -> tuple[dict[str, Any], int | None]:
+    """Return the assembled result of the visible stored events and the first stored seq."""
+    assembler, internal, first_seq = Assembler(stream_id), set[int](), None
+    async for seq, data in request.app[STORE].read_json(stream_id):
+        first_seq = seq if first_seq is None else first_seq
+        try:
+            event = decode_event(data)
+        except msgspec.DecodeError:
+            continue
+        if event is not None and _visible(event, scope, internal):
+            assembler.apply(event)
+    return result_to_builtins(assembler.result()), first_seq
+
+
+async def stream_status(request: web.Request) -> web.Response:
+    """Return the stream's state, status, last seq and assembled result so far.
+
+    ``state`` is the meta's (``queued``, ``running``, ``done``) or ``expired`` when only
+    the tombstone remains (``result`` is then null). ``history_complete`` is false when
+    the stored events no longer start at seq 1 (the result is then partial).
+
+    Raises:
+        ProblemError: 401/403 (credentials), 404 (unknown stream).
+    """
+    stream_id = path_stream_id(request)
+    scope = authorize_read(request, stream_id)
+    info = await request.app[STORE].info(stream_id)
+    if not info.known:
+        if not info.tomb:
+            raise ProblemError("not-found", f"no stream {stream_id}")
+        return web.json_response({
+            "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
+            "last_seq": int(info.tomb.get("last_seq") or 0), "history_complete": False, "result": None,
+        })
+    result, first_seq = await _assemble(request, stream_id, scope)
+    meta = info.meta
+    created_ms = meta.get("created_ms")
+    return web.json_response({
+        "stream_id": stream_id,
+        "state": meta.get("state") or ("done" if info.terminal else "running"),
+        "status": meta.get("status") or (result["status"] if info.terminal else None),
+        "last_seq": info.last_seq,
+        "provider": meta.get("provider"),
+        "model": meta.get("model"),
+        "created_ms": int(created_ms) if created_ms else None,
+        "history_complete": first_seq in (None, 1),
+        "result": result,
+    })
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """Ask the owning worker to stop; ``202`` however often it is asked before the end.
+
+    Raises:
+        ProblemError: 401 (API key), 404 (unknown stream), 409 ``already-terminal``.
+    """
+    require_api_key(request)
+    stream_id = path_stream_id(request)
+    info = await request.app[STORE].info(stream_id)
+    if not info.known and not info.tomb:
+        raise ProblemError("not-found", f"no stream {stream_id}")
+    if info.terminal or not info.known:
+        status = info.meta.get("status") or info.tomb.get("status")
+        raise ProblemError("already-terminal", "the stream already ended", extensions={"stream_status": status})
+    keys = request.app[KEYS]
+    async with request.app[REDIS].pipeline(transaction=False) as pipe:
+        pipe.set(keys.cancel(stream_id), "1", ex=request.app[SETTINGS].cancel_ttl_s)
+        pipe.publish(keys.cancels, stream_id)
+        await pipe.execute()
+    return web.json_response({"stream_id": stream_id, "state": "cancelling"}, status=202)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers. Never touches Redis."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: Redis answers PING within :data:`READY_TIMEOUT_S`; else 503 ``redis-unavailable``."""
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            await request.app[REDIS].ping()
+    except (RedisError, TimeoutError, OSError) as exc:
+        raise ProblemError("redis-unavailable", "Redis does not answer PING") from exc
+    return web.json_response({"status": "ok"})

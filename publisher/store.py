@@ -1,0 +1,209 @@
+"""Reads of one stream's stored state: meta, tombstone and event entries, by exact position.
+
+Entries are ``0-<seq>`` with field ``e`` (schema.keys). Every read is an exclusive
+``XRANGE key (0-<n> + COUNT c``, so a position is always a concrete seq, never "the
+current tail". Each entry is parsed once into an :class:`Entry` that carries its
+ready-made SSE message, shared by every reader of the stream.
+
+Follows the Redis command pages of XRANGE, XREVRANGE and HGETALL.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from publisher.sse import event_frame, one_line
+from schema.contract import TERMINAL_TYPES
+from schema.keys import EVENT_FIELD, Keys, seq_of
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+log = logging.getLogger(__name__)
+
+_SAFE_TYPE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+class _PeekBlock(msgspec.Struct):
+    index: int = -1
+    kind: str = ""
+
+
+class _Peek(msgspec.Struct):
+    """The few event fields the publisher needs; everything else stays opaque bytes."""
+
+    type: str = ""
+    ts: int = 0
+    block: _PeekBlock | None = None
+    visibility: str | None = None
+
+
+_peek: Final = msgspec.json.Decoder(_Peek)
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored event as the publisher serves it."""
+
+    seq: int
+    """The event's seq (from the entry id ``0-<seq>``)."""
+    type: str
+    """Contract type (``stream.start``, ...); unknown types pass through untouched."""
+    ts_ms: int
+    """The worker's emit time, ms since the Unix epoch (0 when absent)."""
+    block_index: int | None
+    """Index of the block a ``block.*`` event is about, else ``None``."""
+    block_kind: str | None
+    """Kind of that block, else ``None``."""
+    visibility: str | None
+    """``visibility`` of a reasoning ``block.start``, else ``None``."""
+    frame: bytes
+    """The complete SSE message (``id``, ``event``, ``data``, blank line)."""
+
+    @property
+    def terminal(self) -> bool:
+        """True for ``stream.done`` and ``stream.error``."""
+        return self.type in TERMINAL_TYPES
+
+
+class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What Redis knows about a stream before any event is read."""
+
+    known: bool
+    """Meta or events exist."""
+    last_seq: int
+    """Highest stored seq (meta ``last_seq``, or the last entry when higher)."""
+    terminal: bool
+    """The stream ended (meta ``state=done`` or a terminal last entry)."""
+    meta: dict[str, str]
+    """The meta hash, decoded (empty when missing)."""
+    tomb: dict[str, str]
+    """The tombstone (``last_seq``, ``status``), decoded (empty when missing)."""
+
+
+def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
+    """Parse one XRANGE item.
+
+    Args:
+        entry_id: ``0-<seq>``.
+        fields: The entry's field map; the event JSON is under ``e``.
+
+    Returns:
+        The entry. One that holds no event JSON (a writer's bug) is logged and gets
+        type ``invalid`` and an empty frame: it keeps its seq, so positions stay exact,
+        but nothing is sent for it.
+    """
+    seq = seq_of(entry_id)
+    try:
+        data = one_line(fields[EVENT_FIELD])
+        peek = _peek.decode(data)
+    except (KeyError, msgspec.DecodeError):
+        log.error("stream entry %s holds no event JSON; it is not sent", seq)
+        return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None,
+                     visibility=None, frame=b"")
+    kind = peek.type if _SAFE_TYPE.fullmatch(peek.type) else "unknown"
+    block = peek.block
+    return Entry(
+        seq=seq,
+        type=kind,
+        ts_ms=peek.ts,
+        block_index=block.index if block else None,
+        block_kind=block.kind if block else None,
+        visibility=peek.visibility,
+        frame=event_frame(seq, kind, data),
+    )
+
+
+def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+class Store:
+    """Stream reads over one Redis client.
+
+    Args:
+        redis: The command client; tests may pass a wrapper with the same methods.
+        keys: The deployment's key layout.
+        page: Entries per XRANGE call.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, page: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.page = page
+
+    async def info(self, stream_id: str) -> StreamInfo:
+        """Return meta, tombstone and the top of the stored stream (one round trip)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.meta(stream_id))
+            pipe.hgetall(self.keys.tomb(stream_id))
+            pipe.xrevrange(self.keys.events(stream_id), "+", "-", count=1)
+            meta_raw, tomb_raw, top = await pipe.execute()
+        meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
+        last = parse_entry(*top[0]) if top else None
+        top_seq = seq_of(top[0][0]) if top else 0
+        return StreamInfo(
+            known=bool(meta) or bool(top),
+            last_seq=max(_int(meta.get("last_seq")), top_seq),
+            terminal=meta.get("state") == "done" or (last is not None and last.terminal),
+            meta=meta,
+            tomb=tomb,
+        )
+
+    async def read_after(self, stream_id: str, after_seq: int, count: int | None = None) -> list[Entry]:
+        """Return up to ``count`` (default: one page) entries with seq > ``after_seq``, in order.
+
+        Runs ``XRANGE <events> (0-<after_seq> + COUNT <count>``; a page shorter than
+        ``count`` means the stored top was reached. Callers check contiguity on ``seq``.
+        """
+        raw = await self._xrange(stream_id, after_seq, count or self.page)
+        return [parse_entry(*item) for item in raw]
+
+    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""
+        raw: Any = await self.redis.xrange(self.keys.events(stream_id), f"(0-{after_seq}", "+", count=count)
+        return list(raw or [])
+
+    async def read_range(self, stream_id: str, after_seq: int, upto_seq: int | None) -> AsyncIterator[Entry]:
+        """Yield every entry with ``after_seq`` < seq <= ``upto_seq`` (``None``: to the end), paged."""
+        cursor = after_seq
+        while True:
+            page = await self.read_after(stream_id, cursor, None)
+            for entry in page:
+                if upto_seq is not None and entry.seq > upto_seq:
+                    return
+                yield entry
+                cursor = entry.seq
+            if len(page) < self.page:
+                return
+
+    async def events_exist(self, stream_id: str) -> bool:
+        """Return True when the stream's events key still exists."""
+        return bool(await self.redis.exists(self.keys.events(stream_id)))
+
+    async def read_json(self, stream_id: str) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(seq, event JSON)`` of every stored entry, paged, for the status route."""
+        cursor = 0
+        while True:
+            raw = await self._xrange(stream_id, cursor, self.page)
+            for entry_id, fields in raw:
+                cursor = seq_of(entry_id)
+                if EVENT_FIELD in fields:
+                    yield cursor, fields[EVENT_FIELD]
+            if len(raw) < self.page:
+                return

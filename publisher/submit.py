@@ -1,0 +1,146 @@
+"""``POST /v1/streams`` (submit a job) and ``POST /v1/streams/{stream_id}/tokens`` (mint a read token).
+
+Submission follows the protocol of :mod:`schema.keys`: create the stream's meta
+(``state=queued``, ``provider``, ``model``, ``created_ms``, ``body_hash``,
+``last_seq=0``), then XADD the Job JSON under field ``j`` to the jobs stream. The meta
+is created by one script that first looks for the stream (meta, tombstone or events),
+so a client-chosen ``stream_id`` is an idempotency key: the same body gets the same
+answer, another body a 409, and a stream id never names two jobs.
+
+Follows the Redis pages of EVAL, HSET and XADD.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from publisher.auth import require_api_key
+from publisher.limits import path_stream_id, read_body
+from publisher.problems import FieldError, ProblemError
+from publisher.settings import PublisherSettings
+from publisher.state import KEYS, REDIS, SETTINGS
+from publisher.tokens import Scope, issue
+from publisher.validation import Submission, parse_submission
+from schema.job import Job, job_encoder, new_stream_id
+from schema.keys import JOB_FIELD
+
+log = logging.getLogger(__name__)
+
+CREATE_META: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'body_hash') == ARGV[1] then return 'same' end
+  return 'conflict'
+end
+if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then return 'used' end
+redis.call('HSET', KEYS[1], 'body_hash', ARGV[1], unpack(ARGV, 2))
+return 'created'
+"""
+"""KEYS: meta, tomb, events (one hash slot). ARGV: body_hash, then meta field/value pairs.
+Returns ``created``, ``same`` (meta with this body hash), ``conflict`` (another body) or
+``used`` (only a tombstone or events remain: the id belonged to an earlier job)."""
+
+
+def _urls(stream_id: str) -> dict[str, str]:
+    base = f"/v1/streams/{stream_id}"
+    return {"events_url": f"{base}/events", "status_url": base, "cancel_url": f"{base}/cancel"}
+
+
+def _token(settings: PublisherSettings, stream_id: str, scope: Scope) -> dict[str, Any]:
+    expires_at = int(time.time()) + settings.token_ttl_s
+    token = issue(settings.token_secret, stream_id, scope, expires_at)
+    return {"token": token, "token_expires_at": expires_at, "token_scope": scope}
+
+
+async def _create_meta(request: web.Request, stream_id: str, sub: Submission, now_ms: int) -> str:
+    keys, redis = request.app[KEYS], request.app[REDIS]
+    fields = ["state", "queued", "provider", sub.provider, "model", sub.model,
+              "created_ms", str(now_ms), "last_seq", "0"]
+    outcome = await redis.eval(
+        CREATE_META, 3, keys.meta(stream_id), keys.tomb(stream_id), keys.events(stream_id),
+        sub.body_hash(), *fields,
+    )
+    return outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+
+
+async def _enqueue(request: web.Request, stream_id: str, sub: Submission, now_ms: int) -> None:
+    """XADD the job; on failure remove the fresh meta so a retry can submit again."""
+    keys, redis = request.app[KEYS], request.app[REDIS]
+    job = Job(stream_id=stream_id, provider=sub.provider, model=sub.model, request=sub.request,
+              metadata=sub.metadata, created_ms=now_ms, reasoning_visibility=sub.reasoning_visibility)
+    try:
+        job_id = await redis.xadd(keys.jobs, {JOB_FIELD: job_encoder.encode(job)})
+    except RedisError:
+        await redis.delete(keys.meta(stream_id))
+        raise
+    await redis.hset(keys.meta(stream_id), "job_id", job_id)
+
+
+async def submit(request: web.Request) -> web.Response:
+    """Validate a job, store its meta, enqueue it and answer ``201`` with URLs and a read token.
+
+    Returns:
+        ``201`` with ``stream_id``, ``events_url``, ``status_url``, ``cancel_url``,
+        ``token`` (scope ``public``), ``token_expires_at`` (epoch seconds) and
+        ``token_scope``; the same for a repeated submission of the same body.
+
+    Raises:
+        ProblemError: 401 (API key), 413 (body size), 400 (``invalid-body``,
+            ``invalid-field``), 409 (``stream-id-conflict``).
+    """
+    require_api_key(request)
+    settings = request.app[SETTINGS]
+    sub = parse_submission(await read_body(request, settings.max_body_bytes))
+    stream_id = sub.stream_id or new_stream_id()
+    now_ms = int(time.time() * 1000)
+    outcome = await _create_meta(request, stream_id, sub, now_ms)
+    if outcome == "created":
+        await _enqueue(request, stream_id, sub, now_ms)
+        log.info("submitted stream %s (%s %s)", stream_id, sub.provider, sub.model)
+    elif outcome != "same":
+        detail = "the stream id is taken by a job with another body" if outcome == "conflict" else (
+            "the stream id belonged to an earlier job whose history expired")
+        raise ProblemError("stream-id-conflict", detail, extensions={"stream_id": stream_id})
+    body = {"stream_id": stream_id, **_urls(stream_id), **_token(settings, stream_id, "public")}
+    return web.json_response(body, status=201, headers={"Location": body["status_url"]})
+
+
+class _TokenRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    scope: Scope = "public"
+
+
+def _parse_token_request(raw: bytes) -> Scope:
+    try:
+        body = msgspec.json.decode(raw or b"{}")
+    except msgspec.DecodeError as exc:
+        raise ProblemError("invalid-body", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ProblemError("invalid-body", "the body must be a JSON object")
+    try:
+        return msgspec.convert(body, _TokenRequest).scope
+    except msgspec.ValidationError as exc:
+        error = FieldError(field="scope", detail="must be 'public' or 'internal' (the only field)")
+        raise ProblemError("invalid-field", str(exc), errors=[error]) from exc
+
+
+async def mint_token(request: web.Request) -> web.Response:
+    """Issue a fresh read token for a known stream (``{"scope": "public" | "internal"}``).
+
+    Used to renew an expiring token and to hand an ``internal`` reader its token.
+
+    Raises:
+        ProblemError: 401 (API key), 404 (no meta, events or tombstone), 400 (bad body).
+    """
+    require_api_key(request)
+    stream_id = path_stream_id(request)
+    scope = _parse_token_request(await read_body(request, request.app[SETTINGS].max_body_bytes))
+    keys, redis = request.app[KEYS], request.app[REDIS]
+    if not await redis.exists(keys.meta(stream_id), keys.tomb(stream_id), keys.events(stream_id)):
+        raise ProblemError("not-found", f"no stream {stream_id}")
+    body = {"stream_id": stream_id, **_token(request.app[SETTINGS], stream_id, scope)}
+    return web.json_response(body, status=201)

@@ -1,0 +1,63 @@
+"""The projection a reader may see: ``internal`` sees every event, ``public`` loses internal reasoning.
+
+A reasoning block is internal when its ``block.start`` says ``visibility: internal``;
+its start, deltas and stop are then left out of the public projection (CONTRACT.md, "SSE
+projection": the seq gaps this makes are expected). A reader that resumes inside a block
+has not seen its ``block.start``; it asks (:meth:`Projection.needs_history`) for the
+history before its position once, and a reasoning block whose start cannot be found is
+treated as internal (fail closed). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from publisher.store import Entry
+from publisher.tokens import Scope
+
+
+class Projection:
+    """Per-response filter of stored entries.
+
+    Args:
+        scope: The reader's scope.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        self.public = scope == "public"
+        self._known: set[int] = set()
+        self._internal: set[int] = set()
+        self._history_read = False
+
+    def learn(self, entry: Entry) -> None:
+        """Record the visibility of a reasoning ``block.start``; other entries are ignored."""
+        if entry.type != "block.start" or entry.block_kind != "reasoning" or entry.block_index is None:
+            return
+        self._known.add(entry.block_index)
+        if entry.visibility == "internal":
+            self._internal.add(entry.block_index)
+
+    def learn_history(self, entries: Iterable[Entry]) -> None:
+        """Record every reasoning ``block.start`` before the reader's position."""
+        for entry in entries:
+            self.learn(entry)
+        self._history_read = True
+
+    def needs_history(self, entry: Entry) -> bool:
+        """Return True when deciding ``entry`` needs the history before it (once per response)."""
+        return (
+            self.public
+            and not self._history_read
+            and entry.block_kind == "reasoning"
+            and entry.type != "block.start"
+            and entry.block_index not in self._known
+        )
+
+    def visible(self, entry: Entry) -> bool:
+        """Return True when ``entry`` belongs to this reader's projection."""
+        if not self.public:
+            return True
+        self.learn(entry)
+        if entry.block_kind != "reasoning":
+            return True
+        return entry.block_index in self._known and entry.block_index not in self._internal

@@ -1,0 +1,76 @@
+"""openapi.json and the app agree: every route with its methods, every problem type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from publisher.app import create_app
+from publisher.problems import PROBLEM_BASE, PROBLEM_TYPES
+from tests.publisher.helpers import make_settings
+
+DOC_PATH = Path(__file__).resolve().parents[2] / "openapi.json"
+METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
+
+
+def load_doc() -> dict:
+    return json.loads(DOC_PATH.read_text())
+
+
+def app_routes() -> set[tuple[str, str]]:
+    app = create_app(make_settings(demo_page=True))
+    return {(route.method, route.resource.canonical) for route in app.router.routes()}
+
+
+def doc_routes(doc: dict) -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, item in doc["paths"].items() for method in item if method in METHODS}
+
+
+def test_every_app_route_is_documented_and_every_documented_route_exists():
+    assert app_routes() == doc_routes(load_doc())
+
+
+def test_document_is_openapi_3_1_with_an_operation_id_per_operation():
+    doc = load_doc()
+    assert doc["openapi"].startswith("3.1")
+    operations = [op for item in doc["paths"].values() for m, op in item.items() if m in METHODS]
+    ids = [op["operationId"] for op in operations]
+    assert len(ids) == len(set(ids)) == len(operations)
+    assert all(op["responses"] for op in operations)
+
+
+def test_every_problem_type_is_documented():
+    problem = load_doc()["components"]["schemas"]["Problem"]
+    assert set(problem["properties"]["type"]["enum"]) == {PROBLEM_BASE + s for s in PROBLEM_TYPES} | {"about:blank"}
+    documented = {slug: (v["status"], v["title"]) for slug, v in problem["x-problem-types"].items()}
+    assert documented == PROBLEM_TYPES
+
+
+def test_every_reference_resolves():
+    doc = load_doc()
+    refs: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    assert refs
+    for ref in refs:
+        target: object = doc
+        for part in ref.removeprefix("#/").split("/"):
+            assert isinstance(target, dict), ref
+            assert part in target, ref
+            target = target[part]
+
+
+def test_path_parameters_are_declared():
+    for path, item in load_doc()["paths"].items():
+        if "{stream_id}" in path:
+            assert any(p["name"] == "stream_id" and p["in"] == "path" for p in item["parameters"]), path
