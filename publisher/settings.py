@@ -68,7 +68,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     cancel_ttl_s: Positive = 24 * 3600
     """Lifetime of a stream's cancel flag, seconds."""
     demo_page: bool = False
-    """Serve the static demo page (``FANOUT_DEMO_PAGE=1``); added by a later issue."""
+    """Serve the demo page at ``GET /demo`` (``FANOUT_DEMO_PAGE=1``)."""
 
 
 def settings_from_env(environ: Mapping[str, str], **overrides: object) -> PublisherSettings:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import signal
 import sys
@@ -286,8 +287,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``upstream`` options."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8081, help="port (0: any free port, printed at start)")
-    parser.add_argument("--transcripts", type=Path, action="append", default=[],
-                        help="extra transcript root (<root>/<provider dir>/<case>.sse), searched first")
+    env_root = os.environ.get("FANOUT_TRANSCRIPTS_DIR")
+    parser.add_argument("--transcripts", type=Path, action="append", default=[Path(env_root)] if env_root else [],
+                        help="extra transcript root (<root>/<provider dir>/<case>.sse), searched first "
+                             "(default: FANOUT_TRANSCRIPTS_DIR when set)")
     parser.add_argument("--chunk-bytes", type=int, default=64, help="bytes per written chunk")
     parser.add_argument("--delay-ms", type=int, default=10, help="pause between chunks")
     parser.add_argument("--slow-delay-ms", type=int, default=1000, help="pause between chunks of slow-<case>")
