@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import re
 import signal
@@ -125,8 +126,18 @@ def _record(request: web.Request, raw: bytes) -> dict[str, Any]:
         body: Any = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         body = None
+    fingerprints = {name.lower(): fingerprint(value) for name, value in request.headers.items()
+                    if SECRET_HEADERS.search(name)}
     return {"method": request.method, "path": request.path, "query": query, "headers": headers,
-            "auth_present": auth, "body": body, "received_s": time.monotonic()}
+            "auth_present": auth, "auth_fingerprints": fingerprints, "body": body, "received_s": time.monotonic()}
+
+
+def fingerprint(secret: str) -> str:
+    """Return the first 12 hex digits of SHA-256 of a header value.
+
+    Lets tests check which credential was sent without the recording ever holding it.
+    """
+    return hashlib.sha256(secret.encode()).hexdigest()[:12]
 
 
 def _find(roots: tuple[Path, ...], provider_dir: str, case: str) -> Path | None:

@@ -35,7 +35,7 @@ from worker.upstream import (
     read_chunk,
 )
 from worker.upstream_errors import http_error, parse_retry_after
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
+from worker.upstream_server import DEFAULT_ROOTS, ServerConfig, fingerprint
 
 KEYS = Credentials(openai="sk-live-abcdefgh12345678", anthropic="sk-ant-secret-0001",
                    gemini="AIzaSySecretSecretSecret00")
@@ -79,6 +79,11 @@ async def test_request_shape_per_provider(provider: str) -> None:
     assert headers["content-type"] == "application/json"
     if provider == "anthropic":
         assert headers["anthropic-version"] == "2023-06-01"
+    expected_secret = {"openai_chat": ("authorization", f"Bearer {KEYS.key('openai')}"),
+                       "openai_responses": ("authorization", f"Bearer {KEYS.key('openai')}"),
+                       "anthropic": ("x-api-key", KEYS.key("anthropic")),
+                       "gemini": ("x-goog-api-key", KEYS.key("gemini"))}[provider]
+    assert seen["auth_fingerprints"] == {expected_secret[0]: fingerprint(expected_secret[1])}
     body = seen["body"]
     assert body["messages"] == native["messages"]
     if provider == "gemini":
