@@ -1,0 +1,120 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "fanout.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, plus the chart name unless it contains it. */}}
+{{- define "fanout.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fanout.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fanout.labels" -}}
+helm.sh/chart: {{ include "fanout.chart" . }}
+{{ include "fanout.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "fanout.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fanout.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "fanout.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* Secret holding REDIS_URL, and its key. */}}
+{{- define "fanout.redisSecretName" -}}
+{{- .Values.redis.existingSecret | default (include "fanout.fullname" .) }}
+{{- end }}
+
+{{- define "fanout.redisSecretKey" -}}
+{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecretKey }}{{ else }}REDIS_URL{{ end }}
+{{- end }}
+
+{{/* Secret holding FANOUT_TOKEN_SECRET, FANOUT_API_KEYS and the provider keys. */}}
+{{- define "fanout.secretName" -}}
+{{- .Values.secrets.existingSecret | default (include "fanout.fullname" .) }}
+{{- end }}
+
+{{/* One env entry read from a Secret key: (dict "name" VAR "secret" NAME "key" KEY "optional" BOOL). */}}
+{{- define "fanout.secretEnv" -}}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: {{ .key | default .name }}
+      optional: {{ .optional }}
+{{- end }}
+
+{{/*
+Environment shared by both roles: REDIS_URL, OTEL_*, extraEnv. Argument: (dict "root" $ "component" NAME).
+Role-specific settings live in the ConfigMap (envFrom), secrets come from secretKeyRef.
+*/}}
+{{- define "fanout.commonEnv" -}}
+{{- $root := .root }}
+{{- include "fanout.secretEnv" (dict "name" "REDIS_URL" "secret" (include "fanout.redisSecretName" $root) "key" (include "fanout.redisSecretKey" $root) "optional" false) }}
+{{- if not (hasKey $root.Values.otel "OTEL_SERVICE_NAME") }}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "fanout-%s" .component | quote }}
+{{- end }}
+{{- range $name, $value := $root.Values.otel }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- with $root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Fail early on values that cannot work. Renders nothing. */}}
+{{- define "fanout.validate" -}}
+{{- if not (or .Values.redis.url .Values.redis.existingSecret) }}
+{{- fail "set redis.url or redis.existingSecret: this chart runs no Redis, bring your own" }}
+{{- end }}
+{{- if not .Values.secrets.existingSecret }}
+{{- if lt (len .Values.secrets.tokenSecret) 32 }}
+{{- fail "secrets.tokenSecret must have at least 32 characters (or set secrets.existingSecret)" }}
+{{- end }}
+{{- end }}
+{{- range $name, $value := .Values.config }}
+{{- if not (hasPrefix "FANOUT_" $name) }}
+{{- fail (printf "config.%s: only FANOUT_* settings belong in config (use extraEnv)" $name) }}
+{{- end }}
+{{- end }}
+{{- range $name, $value := .Values.otel }}
+{{- if not (hasPrefix "OTEL_" $name) }}
+{{- fail (printf "otel.%s: only OTEL_* variables belong in otel (use extraEnv)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level settings shared by both Deployments. Argument: the component's values. */}}
+{{- define "fanout.podScheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
