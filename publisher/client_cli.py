@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``submit`` or ``tail``; exit 0 on success, 1 on a refused or failed call, 2 on bad input."""
+    """Run ``submit`` or ``tail``.
+
+    Exit status: 0 when the call succeeded (and a followed stream ended ``completed`` or
+    ``incomplete``), 1 when the publisher refused the call, 2 on bad input, 3 when a
+    followed stream ended in ``stream.error`` (failed, interrupted or cancelled).
+    """
     try:
         if args.command == "submit":
             return asyncio.run(_submit(args))
@@ -88,7 +93,8 @@ async def _tail(args: argparse.Namespace, stream_id: str, token: str | None, las
             if not result:
                 sys.stdout.write(encode_event(event).decode() + "\n")
                 sys.stdout.flush()
+    final = assembler.result()
     if result:
-        out = msgspec.json.encode(result_to_builtins(assembler.result()))
+        out = msgspec.json.encode(result_to_builtins(final))
         sys.stdout.write(msgspec.json.format(out, indent=2).decode() + "\n")
-    return 0
+    return 3 if final.status in ("failed", "interrupted", "cancelled") else 0

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,23 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; exit 0 only when every stream matched its golden result."""
+    """Run the demo; exit 0 only when every stream matched its golden result (130 when interrupted).
+
+    SIGTERM is handled like Ctrl-C: every process the demo started is stopped.
+    """
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        sys.stdout.write("demo interrupted; stopped every process it started\n")
+        return 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(args: argparse.Namespace) -> int:
     with redis_url() as url:
         sys.stdout.write(f"redis: {'REDIS_URL' if os.environ.get('REDIS_URL') else 'embedded server'}\n")
         prefix = os.environ.get("FANOUT_REDIS_PREFIX")
@@ -86,8 +103,10 @@ def _announce(stack: LocalStack, last: Submission | None) -> None:
     page = f"{stack.base_url}/demo"
     if last is not None:
         page += f"?stream_id={last.stream_id}&token={last.token}"
-    sys.stdout.write(f"\nstack running (Ctrl-C stops it)\n  publisher: {stack.base_url}\n"
-                     f"  API key:   {stack.api_key}\n  demo page: {page}\n")
+    sys.stdout.write(f"\nstack running (Ctrl-C or SIGTERM stops it)\n  publisher: {stack.base_url}\n"
+                     f"  API key:   {stack.api_key}\n  demo page: {page}\n"
+                     f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key}\n"
+                     "  models: any case name in transcripts/<provider dir>/ (prefix slow- to pace it)\n")
 
 
 async def _demo(stack: LocalStack) -> tuple[int, Submission | None]:

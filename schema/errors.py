@@ -1,14 +1,40 @@
 """The exception tree shared by every fanout process, split by whose fault it is.
 
+Every exception class the project defines is in one of the two trees below (a test
+compares them with the code). The classes defined in this module are marked ``*``;
+the others live next to the only code that raises them and name their module.
+
 ::
 
-    FanoutError                     root; carries a contract ``category`` and ``retryable``
-    ├── UpstreamError               the provider misbehaved or refused
-    │   ├── UpstreamProtocolError   malformed or impossible upstream bytes or sequence
-    │   │   └── FrameTooLargeError  an SSE line/frame or JSON element past its byte limit
-    │   └── UpstreamHTTPError       a non-2xx answer before the body (worker)
-    ├── ClientError                 a bad request to our edge (publisher)
-    └── InternalError               our bug, or Redis unreachable
+    FanoutError                       * root; carries a contract ``category`` and ``retryable``
+    ├── UpstreamError                 * the provider misbehaved, refused or could not be reached
+    │   ├── UpstreamProtocolError     * malformed or impossible upstream bytes or sequence
+    │   │   └── FrameTooLargeError    * an SSE line/frame or JSON element past its byte limit
+    │   ├── UpstreamHTTPError         * a non-2xx answer before the body (worker)
+    │   ├── UpstreamTransportError    * connection refused, reset or closed mid-body (worker)
+    │   └── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
+    ├── ClientError                   * a bad request to our edge (publisher)
+    │   ├── ProblemError              publisher.problems: answered as an RFC 9457 problem document
+    │   ├── TokenInvalidError         publisher.tokens: malformed read token or bad signature
+    │   └── TokenExpiredError         publisher.tokens: a well-signed read token past its ``exp``
+    ├── InternalError                 * our bug, or Redis unreachable
+    │   └── AppendRefusedError        * the append script refused a batch; nothing of it was stored (worker)
+    │       ├── FencedError           * another worker took the stream (meta ``token`` moved on)
+    │       ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
+    │       └── StreamClosedError     * the stream already has its terminal event
+    ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
+    └── StreamUnavailableError        publisher.client: the publisher refused a stream (404, 410, 401/403)
+
+Control signals, not errors: they unwind a job's own call stack and never leave it, so
+they stay outside :class:`FanoutError` (and carry no contract category)::
+
+    Exception
+    ├── Stopped                       worker.control: the job's Stopper fired (cancel, fenced, lost, shutdown)
+    └── RetryAttempt                  worker.attempt: an attempt failed retryably before any output was stored
+
+The worker's modules re-export what they raise (``worker.upstream.UpstreamTimeoutError``,
+``worker.appender.FencedError``, ...), so both import paths name the same class. No
+class shadows a builtin name (``TimeoutError``, ``ConnectionError``, ...).
 
 Foreign exceptions are translated where they enter (``raise ... from exc``).
 Pure: imports only the contract.
@@ -46,7 +72,7 @@ class FanoutError(Exception):
 
 
 class UpstreamError(FanoutError):
-    """The provider misbehaved or refused; ends the stream as ``failed``."""
+    """The provider misbehaved, refused or could not be reached; ends the stream as ``failed``."""
 
     category: ErrorCategory = "upstream_error"
     retryable = True
@@ -88,6 +114,28 @@ class UpstreamHTTPError(UpstreamError):
         self.retry_after_s = retry_after_s
 
 
+class UpstreamTransportError(UpstreamError):
+    """The connection failed or broke (refused, reset, closed mid-body): ``interrupted``/``transport``."""
+
+    category: ErrorCategory = "transport"
+    retryable = True
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """A named upstream timeout fired (connect, idle, progress, total): ``interrupted``/``timeout``.
+
+    Attributes:
+        kind: Which timeout: ``connect``, ``idle``, ``progress`` or ``total``.
+    """
+
+    category: ErrorCategory = "timeout"
+    retryable = True
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ClientError(FanoutError):
     """A bad request to our edge; answered with an RFC 9457 problem, never stored."""
 
@@ -98,3 +146,27 @@ class InternalError(FanoutError):
     """Our own bug or an unreachable dependency (Redis)."""
 
     category: ErrorCategory = "internal"
+
+
+class AppendRefusedError(InternalError):
+    """The append script refused a batch; nothing of it was stored. Stop writing this stream."""
+
+
+class FencedError(AppendRefusedError):
+    """Another worker took the stream (meta ``token`` changed): abort the upstream request, do not ack."""
+
+
+class SeqConflictError(AppendRefusedError):
+    """Meta ``last_seq + 1`` is not the batch's first seq (a bug, or a write we lost track of).
+
+    Attributes:
+        stored_seq: The ``last_seq`` Redis holds.
+    """
+
+    def __init__(self, message: str, *, stored_seq: int) -> None:
+        super().__init__(message)
+        self.stored_seq = stored_seq
+
+
+class StreamClosedError(AppendRefusedError):
+    """The stream already has its terminal event; nothing may follow it. Ack the job."""

@@ -11,22 +11,59 @@ key                            type      content
 ``P:{id}:events``              stream    entry id ``0-<seq>``, field ``e`` = the event JSON
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
 ``P:{id}:live``                channel   PUBLISH of the last stored seq (decimal) after each append
-``P:{id}:cancel``              string    ``1`` once a client asked to cancel
+``P:{id}:cancel``              string    ``1`` once a client asked to cancel; TTL ``cancel_ttl_s``
 ``P:{id}:tomb``                hash      ``last_seq``, ``status`` kept after the events expire
-``P:done``                     stream    one summary per finished stream (capped), for analytics
+``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
 ``P:cancels``                  channel   PUBLISH of a stream id whose cancel was requested
 =============================  ========  ===================================================
 
-Protocol between the two sides:
+Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` default
+86400 s, ``FANOUT_TOMBSTONE_TTL_S`` default 604800 s, ``FANOUT_DONE_MAXLEN`` default
+100000; publisher ``FANOUT_CANCEL_TTL_S`` default 86400 s):
 
-* The publisher creates ``meta`` at submission (``state=queued``, ``provider``, ``model``,
-  ``created_ms``, ``body_hash``, ``last_seq=0``) and then XADDs the job.
-* A worker claims a stream by incrementing ``token`` (the fencing token) and setting
-  ``owner``, ``state=running``; every append must present that token, so an older owner
-  is fenced out. Appends write ``0-<seq>`` entries, advance ``last_seq``, and on a
-  terminal event set ``state=done`` and ``status``, write the tombstone and set TTLs.
-* Cancel: the publisher sets the ``cancel`` key and PUBLISHes the stream id on
-  ``P:cancels``; the owning worker aborts and writes ``stream.error`` ``cancelled``.
+* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot
+  (KEYS meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
+  ``body_hash``) and ``used`` when only a tombstone or events remain; else it creates
+  ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``, ``created_ms``,
+  ``last_seq=0`` and no TTL. Then ``XADD P:jobs * j <Job JSON>`` (no cap), then
+  ``HSET meta job_id <entry id>``. The two writes are separate commands in separate
+  slots. When the ``XADD`` raises a Redis error the publisher deletes the fresh meta
+  (``DEL``, so a retry with the same stream id can submit again) and re-raises (503
+  ``redis-unavailable``). If that ``DEL`` fails too, or the publisher dies between the
+  meta script and the ``XADD``, the ``queued`` meta stays without a job and without a
+  TTL; nothing removes it, and a resubmission of the same body answers ``201``
+  (``same``) without enqueuing.
+  An ``XADD`` that raised although Redis applied it leaves a job whose meta was deleted;
+  the worker's claim recreates the fields it needs (below).
+* Claim (worker, :mod:`worker.lease`, one script on the stream's slot, KEYS meta, tomb).
+  A tombstone or meta ``state=done`` means finished: nothing is written and the job is
+  acked. Otherwise ``HINCRBY token 1`` (the fencing token), ``HSET owner <consumer>
+  state running job_id <jobs entry id>``, and ``HSETNX`` (only where missing, e.g. no
+  publisher meta) ``started_ms <now>`` (so it keeps the first claim's time),
+  ``last_seq 0``, ``provider``, ``model``. No TTL while running.
+* Appends (worker, :mod:`worker.appender`, one script on the stream's slot, KEYS
+  events, meta, tomb, live) must present that token, so an older owner is fenced out;
+  they write ``0-<seq>`` entries, advance ``last_seq`` and ``PUBLISH`` it on ``live``. On a
+  terminal event they set ``state=done``, ``status``, ``ended_ms``, ``EXPIRE`` events and
+  meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
+  summary then goes to ``P:done`` by a separate ``XADD MAXLEN ~ done_maxlen`` (another
+  slot); a crash in between loses that summary line, never an event.
+* Lease (worker): renewal resets the job's pending-entry idle time (``XCLAIM <jobs>
+  workers <me> 0 <id> JUSTID``) after checking meta ``token``; it writes no meta. Release
+  at shutdown writes no meta either: ``XCLAIM ... IDLE <lease_ms> JUSTID`` makes the
+  still-pending entry look a whole lease idle, so the next ``XAUTOCLAIM`` of any worker
+  takes it at once; meta keeps ``state=running`` and the old ``owner``/``token`` until
+  that claim overwrites them.
+* Cancel (publisher, :mod:`publisher.status`, only for a known stream not yet done): a
+  non-transactional pipeline ``SET P:{id}:cancel 1 EX cancel_ttl_s`` and ``PUBLISH
+  P:cancels <id>``. The owning worker aborts and writes ``stream.error`` ``cancelled``;
+  the flag is also read at claim and at every lease renewal (a missed notification),
+  and is never deleted: it expires with its TTL.
+
+Redis Cluster: every server-side script touches the keys of ONE slot and names each of
+them in ``KEYS`` (tests/worker/test_cluster_scripts.py checks both); ``P:jobs``,
+``P:done`` and ``P:cancels`` each have their own slot and are only reached by plain
+commands or by a script of their own.
 
 Pure: no redis import.
 """
@@ -47,14 +84,14 @@ META_FIELDS: Final = {
     "status": "terminal status once done (completed, incomplete, failed, interrupted, cancelled)",
     "last_seq": "seq of the last stored event, 0 before stream.start",
     "token": "fencing token of the current owner (incremented on every claim)",
-    "owner": "consumer name of the owning worker",
+    "owner": "consumer name of the worker that claimed the stream last",
     "provider": "provider API of the job",
     "model": "requested model",
     "created_ms": "submission time (ms since epoch)",
-    "started_ms": "first claim time",
+    "started_ms": "first claim time (HSETNX: later claims keep it)",
     "ended_ms": "terminal event time",
     "body_hash": "hash of the submitted body, for idempotent resubmission",
-    "job_id": "entry id of the job in the jobs stream",
+    "job_id": "entry id of the job in the jobs stream (set after the XADD, and again at every claim)",
 }
 """Fields of the ``meta`` hash and what they hold."""
 

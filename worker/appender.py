@@ -10,26 +10,54 @@ The script (``EVALSHA`` of a script registered with redis-py's ``register_script
    duplicate can never be stored);
 3. ``HSET <meta> last_seq`` and, when the batch ends with a terminal event, ``state=done``,
    ``status``, ``ended_ms``; ``EXPIRE`` events and meta (``stream_ttl_s``); the tombstone
-   hash ``{last_seq, status}`` with ``EXPIRE tombstone_ttl_s``; ``XADD <done> MAXLEN ~ N *``
-   with the finished stream's summary;
+   hash ``{last_seq, status}`` with ``EXPIRE tombstone_ttl_s``;
 4. ``PUBLISH <live> <last_seq>``.
 
+Redis Cluster: the script touches only the stream's own keys, all hash-tagged
+``{<stream_id>}`` and so in one slot, and every one of them is passed in ``KEYS``
+(events, meta, tomb, and the live channel: not a key, but declared so the slot check
+covers it and a move to sharded ``SPUBLISH``, which Redis Cluster slot-checks like a key,
+needs no change). No key name is built inside the Lua.
+
+The analytics summary of a finished stream goes to ``P:done``, which lives in another
+slot, so it is NOT written by the script: after the script stored a terminal event,
+:meth:`StreamWriter.append` sends one plain ``XADD <done> MAXLEN ~ <done_maxlen> *`` with
+the summary (:func:`summary_fields`). A crash (or a Redis error) between the two loses
+only that summary line, never an event: the events, meta, tombstone and TTLs are
+already stored by the script, and a reclaiming worker finds the stream done and only
+acks it. A failed summary ``XADD`` is logged (``event=summary_lost``) and not raised,
+because the terminal event is stored and the job must be acked.
+
 Layout and protocol: :mod:`schema.keys`. Redis command pages followed: EVALSHA, XADD, HSET,
-EXPIRE, PUBLISH. Note for Redis Cluster: ``<done>`` is not hash-tagged with the stream, so
-this script is single-node/Sentinel only (ARCHITECTURE.md's per-stream hash tags keep every
-other key in one slot).
+EXPIRE, PUBLISH. The refusals (:class:`AppendRefusedError` and its subclasses) are defined
+in :mod:`schema.errors` and re-exported here.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from redis.commands.core import AsyncScript
 
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
-from schema.errors import InternalError
+from schema.errors import AppendRefusedError, FencedError, InternalError, SeqConflictError, StreamClosedError
 from schema.keys import Keys
+
+__all__ = [
+    "APPEND_LUA",
+    "AppendRefusedError",
+    "Appender",
+    "FencedError",
+    "SeqConflictError",
+    "StreamClosedError",
+    "StreamWriter",
+    "summary_fields",
+]
+
+log = logging.getLogger("fanout.worker.appender")
 
 APPEND_LUA: Final = """
 local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state')
@@ -38,52 +66,27 @@ if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
 if last + 1 ~= first then return {'seq', tostring(last)} end
-local n = tonumber(ARGV[9])
+local n = tonumber(ARGV[7])
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[9 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[7 + i])
 end
 local new_last = first + n - 1
-local status = ARGV[4]
+local status = ARGV[3]
 if status == '' then
   redis.call('HSET', KEYS[2], 'last_seq', new_last)
 else
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'state', 'done', 'status', status, 'ended_ms', ARGV[5])
-  redis.call('EXPIRE', KEYS[1], ARGV[6])
-  redis.call('EXPIRE', KEYS[2], ARGV[6])
+  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'state', 'done', 'status', status, 'ended_ms', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
   redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', status)
-  redis.call('EXPIRE', KEYS[3], ARGV[7])
-  local summary = {}
-  for i = 10 + n, #ARGV do summary[#summary + 1] = ARGV[i] end
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', unpack(summary))
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
-redis.call('PUBLISH', ARGV[3], new_last)
+redis.call('PUBLISH', KEYS[4], new_last)
 return {'ok', tostring(new_last)}
 """
-"""The append script; KEYS = events, meta, tomb, done; ARGV as built by :meth:`StreamWriter.append`."""
-
-
-class AppendRefusedError(InternalError):
-    """The append script refused a batch; nothing of it was stored. Stop writing this stream."""
-
-
-class FencedError(AppendRefusedError):
-    """Another worker took the stream (meta ``token`` changed): abort the upstream request, do not ack."""
-
-
-class SeqConflictError(AppendRefusedError):
-    """Meta ``last_seq + 1`` is not the batch's first seq (a bug, or a write we lost track of).
-
-    Attributes:
-        stored_seq: The ``last_seq`` Redis holds.
-    """
-
-    def __init__(self, message: str, *, stored_seq: int) -> None:
-        super().__init__(message)
-        self.stored_seq = stored_seq
-
-
-class StreamClosedError(AppendRefusedError):
-    """The stream already has its terminal event; nothing may follow it. Ack the job."""
+"""The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
+ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
+tombstone_ttl_s, n, then the n event JSONs."""
 
 
 def summary_fields(
@@ -135,8 +138,25 @@ class Appender:
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000,
     ) -> None:
         self.redis, self.keys = redis, keys
-        self.limits = (str(stream_ttl_s), str(tombstone_ttl_s), str(done_maxlen))
+        self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s))
+        """``stream_ttl_s`` and ``tombstone_ttl_s`` as script arguments."""
+        self.done_maxlen = done_maxlen
         self.script: AsyncScript = redis.register_script(APPEND_LUA)
+
+    async def write_summary(self, stream_id: str, fields: list[str]) -> bool:
+        """``XADD <done> MAXLEN ~ <done_maxlen> *`` one finished-stream summary (its own slot).
+
+        Called right after the script stored the stream's terminal event. Returns False,
+        after logging ``event=summary_lost``, when Redis failed: only the analytics line is
+        lost, every event is already stored.
+        """
+        try:
+            await self.redis.xadd(self.keys.done, dict(zip(fields[::2], fields[1::2], strict=True)),
+                                  maxlen=self.done_maxlen, approximate=True)
+        except redis.exceptions.RedisError as exc:
+            log.warning("event=summary_lost stream_id=%s error=%s", stream_id, type(exc).__name__)
+            return False
+        return True
 
     def writer(
         self, stream_id: str, *, token: int, last_seq: int, provider: str = "", model: str = "",
@@ -175,20 +195,19 @@ class StreamWriter:
         terminal = events[-1] if is_terminal(events[-1]) else None
         if any(is_terminal(e) for e in events[:-1]):
             raise InternalError("a terminal event must be the last of its batch")
-        limits = self._appender.limits
-        head = [str(self.token), str(events[0].seq), self._appender.keys.live(self.stream_id)]
+        head = [str(self.token), str(events[0].seq)]
         if isinstance(terminal, StreamDone | StreamError):
-            first_delta = self.first_delta_ms if self.first_delta_ms is not None else _first_delta_ts(events)
-            summary = summary_fields(terminal, provider=self.provider, model=self.model,
-                                     started_ms=self.started_ms, first_delta_ms=first_delta)
-            head += [terminal.status, str(terminal.ts), *limits]
+            head += [terminal.status, str(terminal.ts)]
         else:
-            summary = []
-            head += ["", "", *limits]
-        return [*head, str(len(events)), *(encode_event(e) for e in events), *summary]
+            head += ["", ""]
+        return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events)]
 
     async def append(self, events: list[Event]) -> int:
         """Store ``events`` (one batch, seq order, consecutive) with one script call.
+
+        When the batch ends the stream, the finished-stream summary follows as a separate
+        ``XADD`` to ``P:done`` (:meth:`Appender.write_summary`); its failure is logged, not
+        raised.
 
         Args:
             events: Possibly empty (then nothing is sent); seqs must continue
@@ -203,13 +222,14 @@ class StreamWriter:
             StreamClosedError: The stream already ended. Stop; ack the job.
             SeqConflictError: Redis holds another ``last_seq``. Stop writing this stream.
             InternalError: A terminal event not last in the batch.
-            redis.exceptions.RedisError: Redis unreachable; the batch may or may not be stored.
+            redis.exceptions.RedisError: Redis unreachable during the script call; the batch
+                may or may not be stored.
         """
         if not events:
             return self.last_seq
-        keys = self._appender.keys
+        keys, sid = self._appender.keys, self.stream_id
         reply = await self._appender.script(
-            keys=[keys.events(self.stream_id), keys.meta(self.stream_id), keys.tomb(self.stream_id), keys.done],
+            keys=[keys.events(sid), keys.meta(sid), keys.tomb(sid), keys.live(sid)],
             args=self._argv(events),
         )
         code, detail = (part.decode() if isinstance(part, bytes) else str(part) for part in reply)
@@ -221,6 +241,9 @@ class StreamWriter:
         last = events[-1]
         if isinstance(last, StreamDone | StreamError):
             self.terminal = last
+            await self._appender.write_summary(sid, summary_fields(
+                last, provider=self.provider, model=self.model, started_ms=self.started_ms,
+                first_delta_ms=self.first_delta_ms))
         return self.last_seq
 
 

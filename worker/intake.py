@@ -6,6 +6,10 @@ jobs, and ``XAUTOCLAIM <jobs> workers <me> <lease_ms> <cursor> COUNT <free>`` fo
 owner stopped renewing its lease (a dead or stopped worker). Redis command pages
 followed: XGROUP CREATE (``MKSTREAM``), XREADGROUP, XAUTOCLAIM (6.2 reply: cursor and
 entries; 7.0 adds deleted ids, ignored here).
+
+Redis Cluster: every command here names the jobs stream alone (one key, one slot) and no
+script runs here; the stream's own keys are touched only after the claim
+(:mod:`worker.lease`), in their own slot.
 """
 
 from __future__ import annotations

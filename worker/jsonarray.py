@@ -69,6 +69,8 @@ class JSONArrayDecoder:
         self._element = bytearray()
         self._state = _OPEN
         self._failure: UpstreamProtocolError | None = None
+        self._offset = 0
+        """Bytes of the body (after any BOM) consumed by earlier reads, for error messages."""
         self._steps: dict[str, Callable[[bytes, int, list[JSONFrame]], int]] = {
             _OPEN: self._expect_open,
             _FIRST: self._expect_value_or_close,
@@ -109,6 +111,7 @@ class JSONArrayDecoder:
         try:
             while pos < len(data):
                 pos = self._steps[self._state](data, pos, frames)
+            self._offset += len(data)
         except UpstreamProtocolError as exc:
             self._failure = exc
             if not frames:
@@ -190,5 +193,9 @@ class JSONArrayDecoder:
         return len(data) if match is None else match.start()
 
     def _unexpected(self, data: bytes, pos: int, wanted: str) -> UpstreamProtocolError:
-        got = data[pos : pos + 20]
-        return UpstreamProtocolError(f"malformed JSON array: expected {wanted} {self._state}, got {got!r}")
+        # Only the offending byte and its offset: the bytes after it depend on where the
+        # read ended, and the message must not (the same body gives the same events).
+        got, offset = data[pos : pos + 1], self._offset + pos
+        return UpstreamProtocolError(
+            f"malformed JSON array: expected {wanted} {self._state}, got {got!r} at byte {offset}"
+        )

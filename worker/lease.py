@@ -4,10 +4,35 @@ A running job's lease is its pending entry's idle time in the ``workers`` consum
 the owner resets it with ``XCLAIM <jobs> workers <me> 0 <id> JUSTID`` every ``lease_s / 3``;
 an entry idle for ``lease_s`` is taken over by another worker's ``XAUTOCLAIM``
 (:mod:`worker.intake`). Every claim increments meta ``token`` (``HINCRBY``), which fences
-the previous owner's appends out (:mod:`worker.appender`). All three scripts are atomic.
+the previous owner's appends out (:mod:`worker.appender`).
 
-Redis command pages followed: HINCRBY, HSETNX, XPENDING (extended form), XCLAIM
-(``JUSTID``, ``IDLE``), XACK, EVALSHA. Protocol: :mod:`schema.keys`.
+Redis Cluster: ``P:jobs`` and a stream's ``{<id>}`` keys live in different slots, so no
+script touches both, and each script declares every key it touches in ``KEYS``:
+
+* claim: :data:`CLAIM_LUA`, atomic, on the stream's slot (meta, tomb);
+* renew: the meta check first, ``HGET <meta> token`` and ``EXISTS <cancel>`` (one
+  pipeline on the stream's slot); a token that moved on answers ``fenced`` without
+  touching the jobs stream; else :data:`TOUCH_LUA`, atomic, on the jobs stream alone:
+  the ``XPENDING`` ownership check and ``XCLAIM ... JUSTID`` (idle reset to 0);
+* release: the same ``HGET <meta> token`` check (only when the caller holds a token),
+  then :data:`TOUCH_LUA` with ``IDLE <lease_ms>``.
+
+Why the split is safe. The ownership check and the ``XCLAIM`` stay in one script: a
+worker can never take back an entry another worker reclaimed (a bare ``XCLAIM`` with
+min-idle 0 would). Only the meta check is no longer atomic with the ``XCLAIM``, so the
+token may move between the two (a reclaim's claim, or a second job entry naming the same
+stream), and that renewal answers ``ok`` or ``lost`` instead of ``fenced``; the next one,
+``lease_s / 3`` later, answers ``fenced``. Meanwhile the stale owner cannot store
+anything: every append presents its token to the append script, which compares it with
+meta ``token`` atomically with the writes on the stream's own slot and refuses the batch
+(:class:`~schema.errors.FencedError`). The renewal is only the early warning that stops
+a stale owner's upstream request; fencing at the append is the guarantee, so no event is
+ever stored by two owners. Likewise, a release racing a takeover at worst marks idle an
+entry whose new owner renews it within ``lease_s / 3`` and whose token already fences
+the releaser out.
+
+Redis command pages followed: HINCRBY, HSETNX, HGET, EXISTS, XPENDING (extended form),
+XCLAIM (``JUSTID``, ``IDLE``), XACK, EVALSHA. Protocol: :mod:`schema.keys`.
 """
 
 from __future__ import annotations
@@ -32,26 +57,17 @@ redis.call('HSETNX', KEYS[1], 'provider', ARGV[3])
 redis.call('HSETNX', KEYS[1], 'model', ARGV[4])
 return {'running', m[2] or '0', tostring(token), m[3] or ARGV[2]}
 """
-"""KEYS = meta, tomb; ARGV = owner, now_ms, provider, model, job entry id."""
+"""KEYS = meta, tomb (the stream's slot); ARGV = owner, now_ms, provider, model, job entry id."""
 
-_OWNED_LUA: Final = """
-if ARGV[4] ~= '' and redis.call('HGET', KEYS[2], 'token') ~= ARGV[4] then return 'fenced' end
+TOUCH_LUA: Final = """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p == 0 or p[1][2] ~= ARGV[2] then return 'lost' end
-"""
-
-RENEW_LUA: Final = _OWNED_LUA + """
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
-if redis.call('EXISTS', KEYS[3]) == 1 then return 'cancel' end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[4], 'JUSTID')
 return 'ok'
 """
-"""KEYS = jobs, meta, cancel; ARGV = group, consumer, entry id, token."""
-
-RELEASE_LUA: Final = _OWNED_LUA + """
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[5], 'JUSTID')
-return 'ok'
-"""
-"""KEYS = jobs, meta; ARGV = group, consumer, entry id, token ('' = unclaimed), idle ms."""
+"""Reset a pending entry's idle time if this consumer owns it: ``ok``, or ``lost`` (another
+consumer owns it, or it was acked). KEYS = jobs (its own slot); ARGV = group, consumer,
+entry id, idle ms (0 to renew, ``lease_ms`` to release)."""
 
 RenewOutcome = Literal["ok", "cancel", "fenced", "lost"]
 """``ok``; ``cancel`` (renewed, and the cancel flag is set); ``fenced`` (meta token moved on);
@@ -89,8 +105,7 @@ class Leases:
         self.redis, self.keys, self.consumer = redis, keys, consumer
         self.lease_ms = max(1, int(lease_s * 1000))
         self._claim: AsyncScript = redis.register_script(CLAIM_LUA)
-        self._renew: AsyncScript = redis.register_script(RENEW_LUA)
-        self._release: AsyncScript = redis.register_script(RELEASE_LUA)
+        self._touch: AsyncScript = redis.register_script(TOUCH_LUA)
 
     async def claim(self, *, stream_id: str, provider: str, model: str, entry_id: str, now_ms: int) -> Claim:
         """Become the stream's owner: increment meta ``token``, set ``owner``, ``state=running``.
@@ -108,29 +123,41 @@ class Leases:
     async def renew(self, *, entry_id: str, stream_id: str, token: int) -> RenewOutcome:
         """Reset the job's idle time if this process still owns it; report the cancel flag.
 
+        Two commands in two slots (module docstring): the meta check (``HGET token``,
+        ``EXISTS cancel``), then :data:`TOUCH_LUA` on the jobs stream unless fenced.
+
         Returns:
             See :data:`RenewOutcome`. On ``fenced`` or ``lost`` the caller must abort the
             upstream request and stop writing (no terminal, no ack).
         """
-        reply = await self._renew(
-            keys=[self.keys.jobs, self.keys.meta(stream_id), self.keys.cancel(stream_id)],
-            args=[JOBS_GROUP, self.consumer, entry_id, str(token)],
-        )
-        outcome = _text(reply)
-        assert outcome in ("ok", "cancel", "fenced", "lost")
-        return outcome  # type: ignore[return-value]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self.keys.meta(stream_id), "token")
+            pipe.exists(self.keys.cancel(stream_id))
+            stored, cancelled = await pipe.execute()
+        if stored is None or _text(stored) != str(token):
+            return "fenced"
+        if await self._touch_entry(entry_id, idle_ms=0) != "ok":
+            return "lost"
+        return "cancel" if cancelled else "ok"
 
     async def release(self, *, entry_id: str, stream_id: str = "", token: int | None = None) -> bool:
         """Hand a job back at shutdown: leave it pending but make it look ``lease_s`` idle.
 
-        The next ``XAUTOCLAIM`` of any worker takes it at once (and writes ``worker_lost``
-        or retries). Returns False when this process no longer owned it.
+        ``XCLAIM ... IDLE <lease_ms> JUSTID`` (:data:`TOUCH_LUA`), after checking meta
+        ``token`` when ``token`` is given (a job this process claimed; ``None`` for an
+        entry read but never started). The next ``XAUTOCLAIM`` of any worker takes it at
+        once (and writes ``worker_lost`` or retries). Returns False when this process no
+        longer owned it (token moved on, or the entry is another consumer's or acked).
         """
-        reply = await self._release(
-            keys=[self.keys.jobs, self.keys.meta(stream_id or "_")],
-            args=[JOBS_GROUP, self.consumer, entry_id, "" if token is None else str(token), self.lease_ms],
-        )
-        return _text(reply) == "ok"
+        if token is not None:
+            stored = await self.redis.hget(self.keys.meta(stream_id), "token")
+            if stored is None or _text(stored) != str(token):
+                return False
+        return await self._touch_entry(entry_id, idle_ms=self.lease_ms) == "ok"
+
+    async def _touch_entry(self, entry_id: str, *, idle_ms: int) -> str:
+        reply = await self._touch(keys=[self.keys.jobs], args=[JOBS_GROUP, self.consumer, entry_id, idle_ms])
+        return _text(reply)
 
     async def ack(self, entry_id: str) -> None:
         """``XACK`` the job: its terminal event is stored (or it can never run)."""

@@ -7,7 +7,8 @@ Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`).
 
 Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; let running
 streams finish for up to ``drain_s``; then stop the rest WITHOUT writing a terminal event
-and release their pending entries (``XCLAIM ... IDLE <lease>``), so another worker
+and release their pending entries (meta ``token`` check, then ``XCLAIM ... IDLE <lease>
+JUSTID`` on the jobs stream: :meth:`worker.lease.Leases.release`), so another worker
 reclaims them at once and either retries (only ``stream.start`` stored) or writes
 ``worker_lost``. Why no terminal: this process cannot know whether a successor would
 have been able to retry, and a pending entry is exactly the state a crash leaves, so

@@ -43,6 +43,13 @@ def _too_large(what: str, limit: int) -> FrameTooLargeError:
     return FrameTooLargeError(f"SSE {what} exceeds max_frame_bytes={limit} bytes")
 
 
+def _line_too_large(limit: int) -> FrameTooLargeError:
+    # One message whether the line's terminator arrived in the same read or never: a line
+    # longer than the limit is always unterminated at its limit-th byte, and the events
+    # (this message included) must not depend on where a read ended.
+    return FrameTooLargeError(f"SSE line exceeds max_frame_bytes={limit} bytes (still unterminated at the limit)")
+
+
 class _LineSplitter:
     """Splits body bytes into lines on CR, LF or CRLF, a CRLF split across reads counting once."""
 
@@ -73,7 +80,7 @@ class _LineSplitter:
                 line = bytes(self._tail) + line
                 self._tail.clear()
             if len(line) > self._max_line_bytes:
-                raise _too_large("line", self._max_line_bytes)
+                raise _line_too_large(self._max_line_bytes)
             yield line
 
     def close(self) -> bytes:
@@ -82,7 +89,7 @@ class _LineSplitter:
 
     def _keep(self, partial: bytes) -> None:
         if len(self._tail) + len(partial) > self._max_line_bytes:
-            raise _too_large("line (unterminated)", self._max_line_bytes)
+            raise _line_too_large(self._max_line_bytes)
         self._tail += partial
 
 

@@ -14,6 +14,11 @@ Gemini API "Generate content" (``streamGenerateContent``) and "API keys".
 
 Keys come from ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY``; they live only
 in request headers, never in a log line, an error message or a ``repr``.
+
+Errors raised here are :class:`~schema.errors.UpstreamTransportError` and
+:class:`~schema.errors.UpstreamTimeoutError` (both under ``UpstreamError`` in the tree of
+:mod:`schema.errors`, re-exported from this module) and
+:class:`~schema.errors.UpstreamHTTPError`.
 """
 
 from __future__ import annotations
@@ -25,38 +30,29 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from schema.errors import UpstreamError
+from schema.errors import UpstreamTimeoutError, UpstreamTransportError
 from schema.job import Job
 from worker.adapters.base import Framing
 from worker.settings import WorkerSettings
 from worker.upstream_errors import MAX_ERROR_BODY_BYTES, http_error
 
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "Credentials",
+    "UpstreamRequest",
+    "UpstreamTimeoutError",
+    "UpstreamTransportError",
+    "build_request",
+    "credentials_from_env",
+    "new_session",
+    "open_stream",
+    "read_chunk",
+]
+
 ANTHROPIC_VERSION: Final = "2023-06-01"
 """``anthropic-version`` header sent with every Messages request."""
 
 _encoder: Final = msgspec.json.Encoder()
-
-
-class UpstreamTransportError(UpstreamError):
-    """The connection failed or broke (refused, reset, closed mid-body): ``interrupted``/``transport``."""
-
-    category = "transport"
-    retryable = True
-
-
-class UpstreamTimeoutError(UpstreamError):
-    """A named upstream timeout fired (connect, idle, progress, total): ``interrupted``/``timeout``.
-
-    Attributes:
-        kind: Which timeout: ``connect``, ``idle``, ``progress`` or ``total``.
-    """
-
-    category = "timeout"
-    retryable = True
-
-    def __init__(self, message: str, *, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class Credentials:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -148,3 +150,35 @@ def test_demo_exits_zero_with_summary_table(redis_url: str) -> None:
     assert "resumed @" in demo.stdout
     for provider in ("openai_chat", "openai_responses", "anthropic", "gemini"):
         assert provider in demo.stdout
+
+
+def test_follow_exits_3_when_the_stream_fails(stack: LocalStack) -> None:
+    done = _fanout(stack, "submit", "--provider", "anthropic", "--model", "error_after_partial_text",
+                   "--request", "-", "--follow", stdin="{}")
+    assert done.returncode == 3, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["type"] == "stream.error"
+
+
+def test_demo_stops_every_process_on_sigterm(redis_url: str) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    demo = subprocess.Popen([sys.executable, "-m", "fanout_cli", "demo", "--delay-ms", "1", "--keep-running"],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert demo.stdout is not None
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if "publisher:" in line:
+                break
+        publisher_url = lines[-1].split()[-1]
+        port = int(publisher_url.rsplit(":", 1)[1])
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        if demo.stdout is not None:
+            demo.stdout.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from schema.contract import (
     BlockDelta,
@@ -206,3 +207,33 @@ async def test_concurrent_writers_of_one_stream_store_each_seq_once(redis_client
     results = await asyncio.gather(writer.append(_body(2, 3)), twin.append(_body(2, 3)), return_exceptions=True)
     assert sorted(type(r).__name__ for r in results) == ["SeqConflictError", "int"]
     assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1", "0-2", "0-3", "0-4"]
+
+
+async def test_summary_is_a_separate_xadd_after_the_terminal_script(redis_client: aioredis.Redis,
+                                                                    keys: Keys) -> None:
+    writer = await _writer(redis_client, keys, done_maxlen=10)
+    await writer.append([_start()])
+    evalsha, xadd = await _command_calls(redis_client, "evalsha"), await _command_calls(redis_client, "xadd")
+    await writer.append([*_body(2, 3), _done(5)])
+    assert await _command_calls(redis_client, "evalsha") - evalsha == 1
+    assert await _command_calls(redis_client, "xadd") - xadd == 4 + 1  # 4 events in the script, then the summary
+    assert await redis_client.xlen(keys.done) == 1
+
+
+async def test_lost_summary_never_loses_an_event(redis_client: aioredis.Redis, keys: Keys,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    writer = await _writer(redis_client, keys)
+    await writer.append([_start()])
+
+    async def broken_xadd(*_args: object, **_kwargs: object) -> None:
+        raise redis.exceptions.ConnectionError("connection lost")
+
+    monkeypatch.setattr(writer._appender.redis, "xadd", broken_xadd)
+    assert await writer.append([*_body(2, 3), _done(5)]) == 5  # the terminal is stored: no error raised
+    assert writer.terminal is not None
+    assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1", "0-2", "0-3", "0-4", "0-5"]
+    assert await redis_client.hget(keys.meta(SID), "state") == b"done"
+    assert await redis_client.hgetall(keys.tomb(SID)) == {b"last_seq": b"5", b"status": b"completed"}
+    assert await redis_client.xlen(keys.done) == 0
+    assert "event=summary_lost" in caplog.text
