@@ -38,11 +38,15 @@ def bearer(request: web.Request) -> str | None:
 
 
 def is_api_key(request: web.Request, credential: str) -> bool:
-    """Return True when ``credential`` is one of ``FANOUT_API_KEYS`` (constant-time per key)."""
-    given = credential.encode()
+    """Return True when ``credential`` is one of ``FANOUT_API_KEYS`` (constant-time per key).
+
+    Header bytes that are not UTF-8 reach here as lone surrogates (``surrogateescape``);
+    they are compared as the bytes they were, so they simply match no key.
+    """
+    given = credential.encode("utf-8", "surrogateescape")
     found = False
     for key in request.app[SETTINGS].api_keys:
-        found |= hmac.compare_digest(given, key.encode())
+        found |= hmac.compare_digest(given, key.encode("utf-8", "surrogateescape"))
     return found
 
 

@@ -92,8 +92,8 @@ def _run(args: argparse.Namespace) -> int:
                 sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
                 return 1
             if args.keep_running:
-                _announce(stack, last)
-                with contextlib.suppress(KeyboardInterrupt):
+                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: the normal way to stop
+                    _announce(stack, last)
                     while stack.alive():
                         time.sleep(1)
             return code

@@ -71,7 +71,7 @@ def early_answer(stream_id: str, info: StreamInfo, position: int) -> web.Respons
     if not info.known:
         if not info.tomb:
             raise ProblemError("not-found", f"no stream {stream_id}")
-        last_seq = int(info.tomb.get("last_seq") or 0)
+        last_seq = info.tomb_last_seq
         if position == last_seq:
             return web.Response(status=204)
         raise ProblemError("history-expired", "the stream ended and its events expired",
@@ -138,32 +138,36 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     async with app[HUB].join(reader):
         page = await app[STORE].read_after(stream_id, position)
         await check_first_page(request, stream_id, info, position, page)
-        return await _stream(request, reader, Projection(scope), page)
+        return await _stream(request, reader, Projection(scope), page, info.last_seq)
 
 
 def _overflowed(request: web.Request) -> None:
-    """Drop the connection of a reader whose queue overflowed, even mid-write."""
+    """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
     request.app[TELEMETRY].overflows.add(1)
     if request.transport is not None:
         request.transport.abort()
 
 
 async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  page: list[Entry]) -> web.StreamResponse:
+                  page: list[Entry], known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await response.prepare(request)
     app[TELEMETRY].open_connections.add(1)
+    settings = app[SETTINGS]
     session = Session(response=response, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
-                      telemetry=app[TELEMETRY], heartbeat_s=app[SETTINGS].heartbeat_s)
+                      telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
+                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request))
     try:
         await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
         await session.run(page)
         await response.write_eof()
     except ConnectionError:
-        pass  # the client left, or its connection was dropped on overflow
+        pass  # the client left, or its connection was dropped on overflow or a stalled write
     except RedisError as exc:  # headers are sent: end the body, the client resumes
         log.warning("stream %s: storage error mid-response: %s", reader.stream_id, exc)
+    except Exception:  # headers are sent: no problem document is possible any more
+        log.exception("stream %s: unexpected error mid-response", reader.stream_id)
     finally:
         app[TELEMETRY].open_connections.add(-1)
     return response

@@ -72,7 +72,13 @@ async def telemetry_middleware(request: web.Request, handler: Handler) -> web.St
 
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer every error raised before a response started as a problem document."""
+    """Answer every error raised before a response started as a problem document.
+
+    An unexpected exception (a bug, or stored state no writer of ours makes) is logged
+    with its traceback and answered ``500`` ``internal``, never aiohttp's plain-text page.
+    Handlers that start a response body (SSE) end it themselves on any error, so
+    nothing reaches here after headers were sent.
+    """
     try:
         return await handler(request)
     except ProblemError as exc:
@@ -84,6 +90,9 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except (RedisError, InternalError) as exc:
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
         return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
+    except Exception:
+        log.exception("%s %s: unexpected error", request.method, request.path)
+        return ProblemError("internal", "internal error; it was logged").response()
 
 
 def _allowed_origin(request: web.Request) -> str | None:

@@ -4,18 +4,25 @@ The cursor is always a concrete seq: the client's position at the start, afterwa
 last seq handled. History is read with ``XRANGE (0-<cursor> +`` page by page; every
 entry must be ``cursor + 1`` (a jump is a gap: one ``stream.gap`` frame without an
 ``id:`` line, then the response ends, so the client's ``Last-Event-ID`` stays on a real
-seq and its reconnect gets the 410). When a short page shows the top was reached the
-reader goes live (:meth:`publisher.hub.Hub.go_live`), and entries then come through its
-bounded queue. The response ends after the terminal event, on a gap, on queue overflow
-and at shutdown.
+seq and its reconnect gets the 410). A short page that ends below the stored top
+known at the request's start (meta ``last_seq``; appends move meta and entries together)
+is a gap too: those entries were trimmed or expired. Otherwise, when a short page shows
+the top was reached, the reader goes live (:meth:`publisher.hub.Hub.go_live`), and
+entries then come through its bounded queue. The response ends after the terminal event,
+on a gap, on queue overflow, at shutdown, and when the client takes no
+:data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
+is dropped, as on overflow).
 
 Follows WHATWG HTML "9.2 Server-sent events" for the wire format.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Final
 
 import msgspec
 from aiohttp import web
@@ -29,6 +36,9 @@ from publisher.visibility import Projection
 
 log = logging.getLogger(__name__)
 
+WRITE_SLICE_BYTES: Final = 64 * 1024
+"""Bytes written per step of a large write; the client must take each within ``write_timeout_s``."""
+
 
 class Session:
     """Writes one stream to one prepared SSE response.
@@ -41,6 +51,9 @@ class Session:
         hub: The fan-out hub.
         telemetry: Instruments.
         heartbeat_s: Idle time before a ``: ping`` comment, seconds.
+        known_top: The stored top seq read before the first page (``StreamInfo.last_seq``).
+        write_timeout_s: Longest wait for the client to take one slice of a write, seconds.
+        on_stall: Drops the connection of a client that stopped reading.
     """
 
     def __init__(
@@ -53,6 +66,9 @@ class Session:
         hub: Hub,
         telemetry: Telemetry,
         heartbeat_s: float,
+        known_top: int,
+        write_timeout_s: float,
+        on_stall: Callable[[], None],
     ) -> None:
         self.response = response
         self.reader = reader
@@ -61,6 +77,9 @@ class Session:
         self.hub = hub
         self.telemetry = telemetry
         self.heartbeat_s = heartbeat_s
+        self.known_top = known_top
+        self.write_timeout_s = write_timeout_s
+        self.on_stall = on_stall
         self.last_write = time.monotonic()
 
     async def run(self, first_page: list[Entry]) -> None:
@@ -81,6 +100,9 @@ class Session:
             if self.reader.closed is not None:
                 return True
             if len(page) < self.store.page:
+                if self.reader.cursor < self.known_top:  # stored before this request, gone now
+                    await self._gap(self.reader.cursor, None)
+                    return True
                 if self.hub.go_live(self.reader):
                     return False
                 if stale and not page:  # live readers got entries that a later read cannot find
@@ -145,5 +167,18 @@ class Session:
         await self._write(error_frame(GAP_EVENT, data))
 
     async def _write(self, frame: bytes) -> None:
-        await self.response.write(frame)
+        """Write ``frame`` slice by slice; drop the connection when a slice waits too long.
+
+        Raises:
+            ConnectionResetError: The client took no slice within ``write_timeout_s``.
+        """
+        view = memoryview(frame)
+        for start in range(0, len(view), WRITE_SLICE_BYTES):
+            try:
+                async with asyncio.timeout(self.write_timeout_s):
+                    await self.response.write(view[start:start + WRITE_SLICE_BYTES])
+            except TimeoutError:
+                log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
+                self.on_stall()
+                raise ConnectionResetError("the client stopped reading") from None
         self.last_write = time.monotonic()

@@ -43,6 +43,9 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Idle time after which an SSE response gets a ``: ping`` comment, seconds."""
     client_queue: Positive = 1024
     """Events a reader may have queued before its connection is closed (overflow)."""
+    write_timeout_s: PositiveFloat = 60.0
+    """Longest an SSE response may wait for its client to take the next 64 KiB, seconds;
+    past it the connection is closed (a client that stopped reading)."""
     max_body_bytes: Positive = 1024 * 1024
     """Largest accepted request body, bytes; one more byte is a 413."""
     max_connections: Positive = 10_000

@@ -71,7 +71,7 @@ async def stream_status(request: web.Request) -> web.Response:
             raise ProblemError("not-found", f"no stream {stream_id}")
         return web.json_response({
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
-            "last_seq": int(info.tomb.get("last_seq") or 0), "history_complete": False, "result": None,
+            "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
         })
     result, first_seq = await _assemble(request, stream_id, scope)
     meta = info.meta

@@ -83,6 +83,8 @@ class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The meta hash, decoded (empty when missing)."""
     tomb: dict[str, str]
     """The tombstone (``last_seq``, ``status``), decoded (empty when missing)."""
+    tomb_last_seq: int = 0
+    """The tombstone's ``last_seq`` (0 when missing or not a number)."""
 
 
 def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
@@ -127,8 +129,9 @@ def _text(value: bytes | str) -> str:
 
 
 def _int(value: str | None) -> int:
+    """Return a stored counter as a non-negative int; 0 when missing or not a number (corrupt state)."""
     try:
-        return int(value or 0)
+        return max(0, int(value or 0))
     except ValueError:
         return 0
 
@@ -163,6 +166,7 @@ class Store:
             terminal=meta.get("state") == "done" or (last is not None and last.terminal),
             meta=meta,
             tomb=tomb,
+            tomb_last_seq=_int(tomb.get("last_seq")),
         )
 
     async def read_after(self, stream_id: str, after_seq: int, count: int | None = None) -> list[Entry]:

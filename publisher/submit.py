@@ -26,7 +26,7 @@ from publisher.problems import FieldError, ProblemError
 from publisher.settings import PublisherSettings
 from publisher.state import KEYS, REDIS, SETTINGS
 from publisher.tokens import Scope, issue
-from publisher.validation import Submission, parse_submission
+from publisher.validation import Submission, decode_body, parse_submission
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD
 
@@ -34,16 +34,27 @@ log = logging.getLogger(__name__)
 
 CREATE_META: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'body_hash') == ARGV[1] then return 'same' end
-  return 'conflict'
+  if redis.call('HGET', KEYS[1], 'body_hash') ~= ARGV[1] then return 'conflict' end
+  if redis.call('HEXISTS', KEYS[1], 'job_id') == 0 and redis.call('HGET', KEYS[1], 'state') == 'queued'
+     and tonumber(ARGV[2]) - tonumber(redis.call('HGET', KEYS[1], 'created_ms') or '0') > tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[1], 'created_ms', ARGV[2])
+    return 'orphan'
+  end
+  return 'same'
 end
 if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then return 'used' end
-redis.call('HSET', KEYS[1], 'body_hash', ARGV[1], unpack(ARGV, 2))
+redis.call('HSET', KEYS[1], 'body_hash', ARGV[1], unpack(ARGV, 4))
 return 'created'
 """
-"""KEYS: meta, tomb, events (one hash slot). ARGV: body_hash, then meta field/value pairs.
-Returns ``created``, ``same`` (meta with this body hash), ``conflict`` (another body) or
-``used`` (only a tombstone or events remain: the id belonged to an earlier job)."""
+"""KEYS: meta, tomb, events (one hash slot). ARGV: body_hash, now_ms, orphan_after_ms, then
+meta field/value pairs. Returns ``created``, ``same`` (meta with this body hash),
+``orphan`` (same body, but the job was never enqueued: a publisher died between the meta
+and the XADD more than ``orphan_after_ms`` ago; the caller enqueues it now),
+``conflict`` (another body) or ``used`` (only a tombstone or events remain)."""
+
+ORPHAN_AFTER_MS: Final = 30_000
+"""A queued meta without ``job_id`` older than this was orphaned by a crashed publisher
+(an XADD never takes this long); resubmitting the same body enqueues its job."""
 
 
 def _urls(stream_id: str) -> dict[str, str]:
@@ -63,7 +74,7 @@ async def _create_meta(request: web.Request, stream_id: str, sub: Submission, no
               "created_ms", str(now_ms), "last_seq", "0"]
     outcome = await redis.eval(
         CREATE_META, 3, keys.meta(stream_id), keys.tomb(stream_id), keys.events(stream_id),
-        sub.body_hash(), *fields,
+        sub.body_hash(), str(now_ms), str(ORPHAN_AFTER_MS), *fields,
     )
     return outcome.decode() if isinstance(outcome, bytes) else str(outcome)
 
@@ -99,9 +110,10 @@ async def submit(request: web.Request) -> web.Response:
     stream_id = sub.stream_id or new_stream_id()
     now_ms = int(time.time() * 1000)
     outcome = await _create_meta(request, stream_id, sub, now_ms)
-    if outcome == "created":
+    if outcome in ("created", "orphan"):
         await _enqueue(request, stream_id, sub, now_ms)
-        log.info("submitted stream %s (%s %s)", stream_id, sub.provider, sub.model)
+        log.info("submitted stream %s (%s %s)%s", stream_id, sub.provider, sub.model,
+                 " again: its first job was never enqueued" if outcome == "orphan" else "")
     elif outcome != "same":
         detail = "the stream id is taken by a job with another body" if outcome == "conflict" else (
             "the stream id belonged to an earlier job whose history expired")
@@ -115,10 +127,7 @@ class _TokenRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _parse_token_request(raw: bytes) -> Scope:
-    try:
-        body = msgspec.json.decode(raw or b"{}")
-    except msgspec.DecodeError as exc:
-        raise ProblemError("invalid-body", f"the body is not valid JSON: {exc}") from exc
+    body = decode_body(raw or b"{}")
     if not isinstance(body, dict):
         raise ProblemError("invalid-body", "the body must be a JSON object")
     try:

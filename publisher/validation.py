@@ -3,6 +3,8 @@
 Takes bytes, returns a Struct or raises one ``invalid-body`` / ``invalid-field``
 :class:`~publisher.problems.Problem` listing all problems at once. Unknown fields are
 refused too, so a misspelt ``reasoning_visibilty`` never silently falls back to a default.
+Bodies nested deeper than :data:`MAX_JSON_DEPTH` are ``invalid-body``: the job and the
+events that carry its ``request`` and ``metadata`` must stay decodable by every process.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from schema.job import PROVIDERS, Provider
 
 MAX_MODEL_CHARS: Final = 256
 """Longest accepted ``model`` name."""
+MAX_JSON_DEPTH: Final = 128
+"""Deepest nesting of objects and arrays in a body (the body object is depth 1)."""
 VISIBILITIES: Final = ("public", "internal")
 
 
@@ -95,6 +99,37 @@ def field_errors(body: dict[str, Any]) -> list[FieldError]:
     return errors
 
 
+def json_depth(value: Any) -> int:
+    """Return the nesting depth of decoded JSON (a scalar is 0, ``{}`` and ``[]`` are 1), iteratively."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def decode_body(raw: bytes) -> Any:
+    """Decode a JSON request body of at most :data:`MAX_JSON_DEPTH` levels.
+
+    Raises:
+        ProblemError: ``invalid-body`` for bytes that are not JSON or nest too deeply.
+    """
+    too_deep = ProblemError("invalid-body", f"the body nests objects and arrays deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ProblemError("invalid-body", f"the body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise too_deep from exc
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise too_deep
+    return body
+
+
 def parse_submission(raw: bytes) -> Submission:
     """Decode and validate a submission body.
 
@@ -105,13 +140,11 @@ def parse_submission(raw: bytes) -> Submission:
         The submission, defaults filled in.
 
     Raises:
-        ProblemError: ``invalid-body`` when ``raw`` is not a JSON object; ``invalid-field``
-            with one ``errors`` item per bad, missing or unknown field.
+        ProblemError: ``invalid-body`` when ``raw`` is not a JSON object (or nests deeper
+            than :data:`MAX_JSON_DEPTH`); ``invalid-field`` with one ``errors`` item per
+            bad, missing or unknown field.
     """
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ProblemError("invalid-body", f"the body is not valid JSON: {exc}") from exc
+    body = decode_body(raw)
     if not isinstance(body, dict):
         raise ProblemError("invalid-body", "the body must be a JSON object")
     errors = field_errors(body)

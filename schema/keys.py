@@ -30,9 +30,10 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   slots. When the ``XADD`` raises a Redis error the publisher deletes the fresh meta
   (``DEL``, so a retry with the same stream id can submit again) and re-raises (503
   ``redis-unavailable``). If that ``DEL`` fails too, or the publisher dies between the
-  meta script and the ``XADD``, the ``queued`` meta stays without a job and without a
-  TTL; nothing removes it, and a resubmission of the same body answers ``201``
-  (``same``) without enqueuing.
+  meta script and the ``XADD``, the ``queued`` meta stays without a job. A resubmission
+  of the same body more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`)
+  finds it (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same
+  script so concurrent retries cannot both win, and enqueues the job.
   An ``XADD`` that raised although Redis applied it leaves a job whose meta was deleted;
   the worker's claim recreates the fields it needs (below).
 * Claim (worker, :mod:`worker.lease`, one script on the stream's slot, KEYS meta, tomb).

@@ -86,7 +86,9 @@ class Stopper:
         """Await ``awaitable`` unless the job stops or the deadline passes first.
 
         A result that arrives together with the stop signal is returned; the stop is
-        seen by the next wait. The losing awaitable is cancelled.
+        seen by the next wait. A deadline already passed is raised before ``awaitable``
+        starts, so a peer whose bytes are always ready (a flood of pings) cannot outrun
+        it. The losing awaitable is cancelled.
 
         Raises:
             Stopped: The signal fired.
@@ -94,6 +96,10 @@ class Stopper:
             Exception: Whatever ``awaitable`` raised.
         """
         self.check()
+        if time.monotonic() >= deadline.at:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never started: no "never awaited" warning
+            raise deadline.error()
         task = asyncio.ensure_future(awaitable)
         try:
             timeout = max(0.0, deadline.at - time.monotonic())

@@ -9,6 +9,7 @@ stream done / tombstone     XACK, nothing else
 cancel flag set             ``stream.error`` ``cancelled`` (after ``stream.start`` if none), XACK
 ``last_seq >= 2``           a previous owner died mid-output: ``stream.error`` ``worker_lost``
                             (``interrupted``, retryable), then XACK
+invalid job                 ``stream.error`` ``invalid_request`` (after ``stream.start`` if none), XACK
 ``last_seq`` 0 or 1         run the upstream attempts (a stored ``stream.start`` is not repeated)
 ==========================  ===============================================================
 
@@ -40,7 +41,7 @@ from worker.appender import Appender, FencedError, SeqConflictError, StreamClose
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
 from worker.lease import Claim, Leases
-from worker.normalizer import STATUS_OF_CATEGORY, safe_message
+from worker.normalizer import STATUS_OF_CATEGORY, Normalizer, safe_message
 from worker.pipeline import Pipeline, build_pipeline
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
@@ -81,11 +82,12 @@ class JobRun:
     Args:
         ctx: The process's shared context.
         entry_id: The job's entry id in the jobs stream.
-        job: The decoded job.
+        job: The decoded job (a stub naming only its stream when ``problem`` is set).
+        problem: Why the job cannot run (:func:`worker.jobentry.decode_entry`), or ``None``.
     """
 
-    def __init__(self, ctx: JobContext, entry_id: str, job: Job) -> None:
-        self.ctx, self.entry_id, self.job = ctx, entry_id, job
+    def __init__(self, ctx: JobContext, entry_id: str, job: Job, *, problem: str | None = None) -> None:
+        self.ctx, self.entry_id, self.job, self.problem = ctx, entry_id, job, problem
         self.settings, self.session, self.telemetry = ctx.settings, ctx.session, ctx.telemetry
         self.stopper = Stopper()
         self.total_at = time.monotonic() + ctx.settings.total_timeout_s
@@ -167,6 +169,9 @@ class JobRun:
         if claim.last_seq >= 2:
             message = "the worker running this stream stopped mid-output"
             await self._write_error(FanoutError(message, category="worker_lost", retryable=True))
+            return
+        if self.problem is not None:
+            await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
         request = build_request(self.job, self.settings, self.ctx.credentials)
         await self._run_attempts(request)
@@ -256,9 +261,13 @@ class JobRun:
 
     def _error_events(self, error: FanoutError) -> list[Event]:
         assert self.writer is not None
-        if self.writer.last_seq == 0:
-            pipeline = self.new_pipeline("sse")
-            return pipeline.start() + pipeline.fail(error)
+        if self.writer.last_seq == 0:  # no adapter: the job's provider may be one this worker lacks
+            job = self.job
+            norm = Normalizer(stream_id=job.stream_id, provider=job.provider, model=job.model, clock=self.ctx.clock_ms,
+                              metadata=job.metadata, reasoning_visibility=job.reasoning_visibility)
+            norm.start()
+            norm.fail(category=error.category, message=error.message, retryable=error.retryable)
+            return norm.take()
         info = ErrorInfo(category=error.category, retryable=error.retryable, provider_code=None,
                          message=safe_message(error.message))
         usage = self._pipeline.adapter.norm.usage if self._pipeline else None

@@ -3,7 +3,9 @@
 Loop: while running and slots are free, first take over jobs of dead workers
 (``XAUTOCLAIM``, min-idle = the lease), else wait for new ones (``XREADGROUP COUNT <free>
 BLOCK <block_ms>``); each job runs as its own task (:class:`~worker.job_run.JobRun`). One
-Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`).
+Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose job
+cannot run is acked, after ending its stream ``failed`` when it names one
+(:mod:`worker.jobentry`).
 
 Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; let running
 streams finish for up to ``drain_s``; then stop the rest WITHOUT writing a terminal event
@@ -21,29 +23,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Callable
 
 import aiohttp
-import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from schema.contract import STREAM_ID_PATTERN
-from schema.job import job_decoder
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
 from worker.intake import Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
+from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 
 log = logging.getLogger("fanout.worker")
-
-_STREAM_ID = re.compile(STREAM_ID_PATTERN)
 
 STOP_GRACE_S = 5.0
 """After ``drain_s``, how long stopped jobs get to close their upstream before being cancelled."""
@@ -154,17 +151,15 @@ class Worker:
 
     async def _start(self, entry: JobEntry) -> None:
         entry_id, raw = entry
-        try:
-            job = job_decoder.decode(raw or b"")
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("event=job_undecodable entry_id=%s error=%s action=ack", entry_id, exc)
+        job, problem = decode_entry(raw)
+        if job is None:
+            log.error("event=job_undecodable entry_id=%s error=%s action=ack", entry_id, problem)
             await self.ctx.leases.ack(entry_id)
             return
-        if not _STREAM_ID.fullmatch(job.stream_id):
-            log.error("event=job_bad_stream_id entry_id=%s action=ack", entry_id)
-            await self.ctx.leases.ack(entry_id)
-            return
-        run = JobRun(self.ctx, entry_id, job)
+        if problem is not None:
+            log.error("event=job_invalid entry_id=%s stream_id=%s error=%s action=fail_stream", entry_id,
+                      job.stream_id, problem)
+        run = JobRun(self.ctx, entry_id, job, problem=problem)
         self.runs[entry_id] = run
         task = asyncio.create_task(self._run_job(run), name=f"job-{job.stream_id}")
         self._tasks.add(task)

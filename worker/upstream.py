@@ -17,8 +17,8 @@ in request headers, never in a log line, an error message or a ``repr``.
 
 Errors raised here are :class:`~schema.errors.UpstreamTransportError` and
 :class:`~schema.errors.UpstreamTimeoutError` (both under ``UpstreamError`` in the tree of
-:mod:`schema.errors`, re-exported from this module) and
-:class:`~schema.errors.UpstreamHTTPError`.
+:mod:`schema.errors`, re-exported from this module),
+:class:`~schema.errors.UpstreamHTTPError` and :class:`~schema.errors.UpstreamProtocolError`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from schema.errors import UpstreamTimeoutError, UpstreamTransportError
+from schema.errors import UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
 from schema.job import Job
 from worker.adapters.base import Framing
 from worker.settings import WorkerSettings
@@ -53,6 +53,8 @@ ANTHROPIC_VERSION: Final = "2023-06-01"
 """``anthropic-version`` header sent with every Messages request."""
 
 _encoder: Final = msgspec.json.Encoder()
+HTML_TYPES: Final = frozenset({"text/html", "application/xhtml+xml"})
+"""Content types of a 2xx answer that is a web page (a portal, a proxy's page), never a stream."""
 
 
 class Credentials:
@@ -175,21 +177,30 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
     The caller bounds the wait for the response headers (idle and total deadlines) and
     must release the response (``async with`` or ``release()``).
 
+    Redirects are not followed: a redirect would carry the provider key (``x-api-key``,
+    ``x-goog-api-key``) to another host, so a 3xx is answered like any other non-2xx.
+
     Raises:
         UpstreamHTTPError: A non-2xx answer; category and ``retryable`` by
             :func:`worker.upstream_errors.http_error`, ``Retry-After`` kept.
+        UpstreamProtocolError: A 2xx web page (``text/html``) instead of a stream.
         UpstreamTimeoutError: The TCP connect took longer than ``connect_timeout_s``.
         UpstreamTransportError: Connection refused, reset or closed before the headers.
     """
     try:
-        response = await session.post(request.url, data=request.body, headers=request.headers)
+        response = await session.post(request.url, data=request.body, headers=request.headers,
+                                      allow_redirects=False)
     except aiohttp.ConnectionTimeoutError as exc:
         raise UpstreamTimeoutError("could not connect to the provider in time (connect timeout)",
                                    kind="connect") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamTransportError(f"could not reach the provider ({type(exc).__name__})") from exc
-    if 200 <= response.status < 300:
+    if 200 <= response.status < 300 and response.content_type not in HTML_TYPES:
         return response
+    if 200 <= response.status < 300:
+        response.close()
+        raise UpstreamProtocolError(f"provider answered HTTP {response.status} with a web page "
+                                    f"({response.content_type}), not a stream")
     try:
         body = await _read_error_body(response)
     finally:

@@ -16,8 +16,11 @@ HTTP status            category                     retryable
 403                    permission                   no
 404                    not_found                    no
 400, 413, 422          invalid_request              no
+3xx (never followed)   upstream_error               no
 other 4xx / 5xx        invalid_request / upstream_error
 =====================  ===========================  =========
+
+An error body nested past the JSON decoder's recursion limit is treated as no body.
 
 Pure: no aiohttp, asyncio or redis; the caller passes the status, headers and body bytes.
 """
@@ -61,12 +64,19 @@ _CONTEXT_TOO_LONG: Final = re.compile(
 )
 _CONTEXT_CODES: Final = frozenset({"context_length_exceeded", "string_above_max_length"})
 _json: Final = msgspec.json.Decoder()
+_DELAY_SECONDS: Final = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+", re.ASCII)
 
 
 def category_of_status(status: int) -> tuple[ErrorCategory, bool]:
-    """Return (category, retryable) for an HTTP status by :data:`STATUS_CATEGORY`."""
+    """Return (category, retryable) for an HTTP status by :data:`STATUS_CATEGORY`.
+
+    A redirect is never followed (it would carry the provider key elsewhere), so a 3xx is
+    a misconfigured endpoint: ``upstream_error``, not retryable.
+    """
     if status in STATUS_CATEGORY:
         return STATUS_CATEGORY[status]
+    if status < 400:
+        return ("upstream_error", False)
     return ("upstream_error", True) if status >= 500 else ("invalid_request", False)
 
 
@@ -74,7 +84,8 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
     """Return the delay a provider asked for, in seconds, or ``None``.
 
     Reads ``retry-after-ms`` (OpenAI) first, then ``Retry-After`` as delay-seconds or an
-    HTTP-date (RFC 9110, 10.2.3). Negative or past values give 0; unparsable ones ``None``.
+    HTTP-date (RFC 9110, 10.2.3). Negative or past values give 0; unparsable ones
+    (non-ASCII digits included) ``None``.
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     millis = lowered.get("retry-after-ms", "").strip()
@@ -86,7 +97,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
     value = lowered.get("retry-after", "").strip()
     if not value:
         return None
-    if value.replace(".", "", 1).isdigit():
+    if _DELAY_SECONDS.fullmatch(value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -100,7 +111,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
 def _error_object(body: bytes) -> dict[str, Any]:
     try:
         parsed = _json.decode(body[:MAX_ERROR_BODY_BYTES])
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return {}
     if isinstance(parsed, list) and parsed and isinstance(parsed[0], dict):
         parsed = parsed[0]  # Gemini answers a JSON array when called without alt=sse

@@ -173,7 +173,7 @@ def test_demo_stops_every_process_on_sigterm(redis_url: str) -> None:
         publisher_url = lines[-1].split()[-1]
         port = int(publisher_url.rsplit(":", 1)[1])
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=60) == 130
+        assert demo.wait(timeout=60) == 0  # the stop a user asks for; the demo itself matched
     finally:
         if demo.poll() is None:
             demo.kill()

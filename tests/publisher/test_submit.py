@@ -135,6 +135,26 @@ async def test_same_stream_id_same_body_is_idempotent(ctx):
     assert await ctx.redis.xlen(ctx.keys.jobs) == 1
 
 
+async def test_orphaned_queued_meta_is_enqueued_again_on_resubmission(ctx):
+    body = {**BODY, "stream_id": "orphaned"}
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 201
+    # a publisher that died between the meta and the XADD leaves this behind:
+    await ctx.redis.delete(ctx.keys.jobs)
+    await ctx.redis.hdel(ctx.keys.meta("orphaned"), "job_id")
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 201
+    assert await ctx.redis.xlen(ctx.keys.jobs) == 0, "a fresh queued meta may still be enqueuing: no second job"
+    await ctx.redis.hset(ctx.keys.meta("orphaned"), "created_ms", str(int(time.time() * 1000) - 31_000))
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 201
+    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.hget(ctx.keys.meta("orphaned"), "job_id")
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 201
+    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+
+
 async def test_same_stream_id_different_body_is_409(ctx):
     async with await submit(ctx.http, ctx.server, {**BODY, "stream_id": "dup"}) as resp:
         assert resp.status == 201

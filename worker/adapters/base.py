@@ -31,13 +31,15 @@ def parse_object(text: str) -> dict[str, Any]:
     """Parse one provider payload that must be a JSON object.
 
     Raises:
-        UpstreamProtocolError: Not JSON, or JSON that is not an object. The caller ends
-            the stream ``failed``/``protocol``.
+        UpstreamProtocolError: Not JSON, JSON nested past the decoder's recursion limit,
+            or JSON that is not an object. The caller ends the stream ``failed``/``protocol``.
     """
     try:
         value = _json.decode(text)
     except msgspec.DecodeError as exc:
         raise UpstreamProtocolError(f"upstream sent malformed JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise UpstreamProtocolError("upstream sent JSON nested too deeply") from exc
     if not isinstance(value, dict):
         raise UpstreamProtocolError("upstream sent a JSON payload that is not an object")
     return value

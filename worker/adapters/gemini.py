@@ -57,7 +57,9 @@ Quirks handled (PROVIDERS.md 5.2, 5.4; decisions where the docs are silent marke
   opens the block, ``partialArgs`` pieces are assembled by ``jsonPath``, and the call ends
   at a ``functionCall`` without ``willContinue`` (``{}`` is the usual marker), giving one
   ``json_text`` delta. An incomplete end (``MAX_TOKENS``, filter) closes it with what
-  arrived; ``STOP`` with it still open is ``failed``/``protocol``.
+  arrived; ``STOP`` with it still open is ``failed``/``protocol``. A ``jsonPath`` deeper
+  than 128 segments, with an index of more than 9 digits or skipping more than 64 array
+  elements is ``failed``/``protocol`` too (gemini_parts bounds what one piece may build).
 * *SSE events with an ``event:`` name other than ``message`` (Gemini sends none) and
   payloads with no known field are counted and ignored.
 """

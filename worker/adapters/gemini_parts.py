@@ -127,12 +127,21 @@ _SEGMENT: Final = re.compile(r"\.([A-Za-z_$][\w$-]*)|\[(\d+)\]|\['([^']*)'\]|\[\
 
 Segment = str | int
 
+MAX_PATH_SEGMENTS: Final = 128
+"""Deepest ``jsonPath`` accepted (keys and indexes): a short piece must not build a structure
+nested past what the JSON encoder can serialize."""
+MAX_INDEX_GAP: Final = 64
+"""Most missing array elements one ``jsonPath`` index may skip (they are padded with nulls):
+a short piece must not force an arbitrarily large array into memory and into the output."""
+_MAX_INDEX_DIGITS: Final = 9
+
 
 def parse_path(path: object) -> tuple[Segment, ...]:
     """Split a ``partialArgs`` ``jsonPath`` (``$.a.b[0]['c d']``) into keys and indexes.
 
     Raises:
-        UpstreamProtocolError: Not a string, not starting with ``$``, or unparsable.
+        UpstreamProtocolError: Not a string, not starting with ``$``, unparsable, deeper
+            than :data:`MAX_PATH_SEGMENTS` or with an index of more than 9 digits.
 
     """
     if not isinstance(path, str) or not path.startswith("$"):
@@ -144,9 +153,13 @@ def parse_path(path: object) -> tuple[Segment, ...]:
         if match is None:
             raise UpstreamProtocolError("streamed function call argument with an unparsable jsonPath")
         name, index, quoted, dquoted = match.groups()
+        if index is not None and len(index) > _MAX_INDEX_DIGITS:
+            raise UpstreamProtocolError("streamed function call argument with an array index out of range")
         segments.append(int(index) if index is not None else next(
             s for s in (name, quoted, dquoted) if s is not None))
         pos = match.end()
+        if len(segments) > MAX_PATH_SEGMENTS:
+            raise UpstreamProtocolError("streamed function call argument with a jsonPath nested too deeply")
     return tuple(segments)
 
 
@@ -213,8 +226,15 @@ class StreamedArgs:
 
 
 def _make_slot(node: Any, segment: Segment) -> None:
-    """Make ``node[segment]`` assignable (pad a list with nulls, default a key to null)."""
+    """Make ``node[segment]`` assignable (pad a list with nulls, default a key to null).
+
+    Raises:
+        UpstreamProtocolError: The path contradicts the shape, or an index skips more
+            than :data:`MAX_INDEX_GAP` elements.
+    """
     if isinstance(segment, int) and isinstance(node, list):
+        if segment > len(node) + MAX_INDEX_GAP:
+            raise UpstreamProtocolError("streamed function call argument index skips too many elements")
         node.extend([None] * (segment + 1 - len(node)))
     elif isinstance(segment, str) and isinstance(node, dict):
         node.setdefault(segment, None)
