@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def stack(redis_url: str) -> Iterator[LocalStack]:
-    with LocalStack(redis_url, workers=2, delay_ms=60, chunk_bytes=48) as running:
+    with LocalStack(redis_url, workers=2, delay_ms=120, chunk_bytes=48) as running:
         yield running
 
 
@@ -102,6 +102,7 @@ async def test_drop_button_resumes_from_last_seq(stack: LocalStack, browser: Any
     page = await browser.new_page()
     await page.goto(f"{stack.base_url}/demo?stream_id={stream_id}&token={token}")
     await page.wait_for_function("window.fanoutDemo.state.lastSeq >= 3", timeout=30_000)
+    assert await page.evaluate("fanoutDemo.state.terminal") is None, "the stream ended before the drop"
     await page.click("#drop")
     state = await finished_state(page)
     assert state["connections"] >= 2
