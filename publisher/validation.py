@@ -59,6 +59,8 @@ def _check_provider(value: Any) -> str | None:
 def _check_model(value: Any) -> str | None:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_MODEL_CHARS:
         return f"must be a string of 1 to {MAX_MODEL_CHARS} characters"
+    if not value.isprintable() or value != value.strip():
+        return "must be printable, without control characters or surrounding spaces"
     return None
 
 

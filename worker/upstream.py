@@ -154,6 +154,7 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
     headers = {
         "Content-Type": "application/json",
         "Accept": "application/json" if framing == "json_array" else "text/event-stream",
+        "Accept-Encoding": "identity",  # no compression: no buffering in a proxy, no decompression bombs
         **_auth_headers(job.provider, credentials.key(_vendor(job.provider))),
     }
     return UpstreamRequest(provider=job.provider, url=_url(job, settings), body=_encoder.encode(_body(job)),

@@ -76,6 +76,7 @@ async def test_request_shape_per_provider(provider: str) -> None:
     assert auth_names <= set(headers)
     assert all(headers[name] == "***" for name in auth_names - {"anthropic-version"})
     assert headers["accept"] == "text/event-stream"
+    assert headers["accept-encoding"] == "identity"
     assert headers["content-type"] == "application/json"
     if provider == "anthropic":
         assert headers["anthropic-version"] == "2023-06-01"
