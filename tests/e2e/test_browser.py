@@ -88,7 +88,11 @@ async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalSta
     event_requests = [r for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
     assert proxy.cuts == 1
     assert len(event_requests) >= 2, "the browser never reconnected"
-    assert "last-event-id: 4" in event_requests[1].lower(), event_requests[1]
+    # The cut falls inside an HTTP chunk, whose tail the browser may drop: it resumes from
+    # the last event it dispatched, one of the four relayed.
+    resumed = [line for line in event_requests[1].lower().split("\r\n") if line.startswith("last-event-id:")]
+    assert resumed, event_requests[1]
+    assert 1 <= int(resumed[0].split(":")[1]) <= 4
     assert state["status"] == "completed"
     assert state["texts"] == golden_blocks(directory, case)
     assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
