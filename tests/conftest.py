@@ -6,14 +6,24 @@ server for the whole session. Each test gets its own key prefix, so keys never m
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
 
 from schema.keys import Keys
 from worker.embedded_redis import redis_url as _redis_url
+
+# Property tests assert behaviour, never speed: no deadline, and no "too slow" health
+# check failing a run on a loaded CI machine. Each test still sets its own example count.
+# Under CI (CI=true) examples are derandomized so a red run is reproducible; locally each
+# run explores new ones.
+settings.register_profile("fanout", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                          derandomize=bool(os.environ.get("CI")))
+settings.load_profile("fanout")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
