@@ -16,6 +16,7 @@ PURE = [
     ROOT / "worker" / "jsonarray.py",
     ROOT / "worker" / "jsonscan.py",
     ROOT / "worker" / "normalizer.py",
+    ROOT / "worker" / "error_policy.py",
     ROOT / "worker" / "pipeline.py",
     ROOT / "worker" / "replay.py",
     *sorted((ROOT / "worker" / "adapters").glob("*.py")),

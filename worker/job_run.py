@@ -40,8 +40,9 @@ from schema.job import Job
 from worker.appender import Appender, FencedError, SeqConflictError, StreamClosedError, StreamWriter
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
+from worker.error_policy import STATUS_OF_CATEGORY, safe_message
 from worker.lease import Claim, Leases
-from worker.normalizer import STATUS_OF_CATEGORY, Normalizer, safe_message
+from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline, build_pipeline
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry

@@ -15,10 +15,9 @@ Pure: imports no asyncio, aiohttp, redis or opentelemetry; the clock is injected
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Hashable
-from typing import Any, Final
+from typing import Any
 
 from schema.contract import (
     BlockDelta,
@@ -44,47 +43,7 @@ from schema.contract import (
 from schema.errors import InternalError
 from schema.reducer import parse_arguments
 from schema.states import StreamMachine
-
-RETRYABLE: Final[dict[ErrorCategory, bool]] = {
-    "upstream_overloaded": True,
-    "rate_limited": True,
-    "upstream_error": True,
-    "invalid_request": False,
-    "authentication": False,
-    "permission": False,
-    "not_found": False,
-    "context_length_exceeded": False,
-    "content_filter": False,
-    "timeout": True,
-    "transport": True,
-    "protocol": False,
-    "worker_lost": True,
-    "cancelled": False,
-    "internal": False,
-}
-"""Default ``retryable`` per error category, used when an adapter does not say."""
-
-STATUS_OF_CATEGORY: Final[dict[ErrorCategory, ErrorStatus]] = {
-    "transport": "interrupted",
-    "timeout": "interrupted",
-    "worker_lost": "interrupted",
-    "cancelled": "cancelled",
-}
-"""``stream.error`` status for categories that are not ``failed``."""
-
-MAX_MESSAGE_CHARS: Final = 500
-"""Longest error message passed on to readers; longer ones are cut."""
-
-_SECRETS: Final = re.compile(
-    r"(?i)((?:api[_-]?key|key|token|secret|password|authorization)[=:]\s*)[^\s&\"',]+"
-    r"|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}"
-)
-
-
-def safe_message(text: str) -> str:
-    """Return ``text`` with credentials masked and cut to :data:`MAX_MESSAGE_CHARS`."""
-    masked = _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", text)
-    return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"
+from worker.error_policy import RETRYABLE, STATUS_OF_CATEGORY, safe_message
 
 
 class _Block:

@@ -6,7 +6,8 @@ import pytest
 
 from schema.contract import BlockDelta, BlockStart, BlockStop, StreamDone, StreamError, StreamStart
 from schema.validate import validate
-from worker.normalizer import Normalizer, safe_message
+from worker.error_policy import safe_message
+from worker.normalizer import Normalizer
 
 
 def make(**kw: object) -> Normalizer:
@@ -180,4 +181,6 @@ def test_emitted_streams_pass_the_validator() -> None:
 def test_safe_message_masks_keys_and_cuts_length() -> None:
     assert "sk-abcdefghijkl" not in safe_message("bad key sk-abcdefghijklmnop given")
     assert "hunter2" not in safe_message("https://x/y?key=hunter2&alt=sse")
+    assert "abcdefgh12345678" not in safe_message("sent Authorization: Bearer abcdefgh12345678 upstream")
+    assert "abcdefgh12345678" not in safe_message("token bearer abcdefgh12345678")
     assert len(safe_message("x" * 5000)) == 500

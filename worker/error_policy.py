@@ -1,0 +1,54 @@
+"""Error policy: how a failure becomes a ``stream.error`` the contract can show.
+
+The default ``retryable`` per category, the ``stream.error`` status per category, and the
+masking of credentials in messages shown to users (CONTRACT.md: ``message`` is safe to
+show a user: no secrets, no prompt text, no upstream URL with credentials). Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from schema.contract import ErrorCategory, ErrorStatus
+
+RETRYABLE: Final[dict[ErrorCategory, bool]] = {
+    "upstream_overloaded": True,
+    "rate_limited": True,
+    "upstream_error": True,
+    "invalid_request": False,
+    "authentication": False,
+    "permission": False,
+    "not_found": False,
+    "context_length_exceeded": False,
+    "content_filter": False,
+    "timeout": True,
+    "transport": True,
+    "protocol": False,
+    "worker_lost": True,
+    "cancelled": False,
+    "internal": False,
+}
+"""Default ``retryable`` per error category, used when an adapter does not say."""
+
+STATUS_OF_CATEGORY: Final[dict[ErrorCategory, ErrorStatus]] = {
+    "transport": "interrupted",
+    "timeout": "interrupted",
+    "worker_lost": "interrupted",
+    "cancelled": "cancelled",
+}
+"""``stream.error`` status for categories that are not ``failed``."""
+
+MAX_MESSAGE_CHARS: Final = 500
+"""Longest error message passed on to readers; longer ones are cut."""
+
+_SECRETS: Final = re.compile(
+    r"(?i)((?:api[_-]?key|key|token|secret|password|authorization)[=:]\s*(?:bearer\s+)?)[^\s&\"',]+"
+    r"|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}|(?i:\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"
+)
+
+
+def safe_message(text: str) -> str:
+    """Return ``text`` with credentials masked and cut to :data:`MAX_MESSAGE_CHARS`."""
+    masked = _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", text)
+    return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"
