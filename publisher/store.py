@@ -155,7 +155,7 @@ class Store:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.meta(stream_id))
             pipe.hgetall(self.keys.tomb(stream_id))
-            pipe.xrevrange(self.keys.events(stream_id), "+", "-", count=1)
+            pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             meta_raw, tomb_raw, top = await pipe.execute()
         meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
         last = parse_entry(*top[0]) if top else None
@@ -176,7 +176,7 @@ class Store:
         ``count`` means the stored top was reached. Callers check contiguity on ``seq``.
         """
         raw = await self._xrange(stream_id, after_seq, count or self.page)
-        return [parse_entry(*item) for item in raw]
+        return [parse_entry(entry_id, fields) for entry_id, fields in raw if _ours(stream_id, entry_id)]
 
     async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""
@@ -211,3 +211,22 @@ class Store:
                     yield cursor, fields[EVENT_FIELD]
             if len(raw) < self.page:
                 return
+
+
+TOP_OF_OURS: Final = "0-18446744073709551615"
+"""Highest entry id of the ``0-<seq>`` space: the top of our entries, whatever a foreign
+writer may have appended above it."""
+
+
+def _ours(stream_id: str, entry_id: bytes) -> bool:
+    """Return whether an entry id has our ``0-<seq>`` shape.
+
+    A foreign writer's entry (``7-1``) is logged and skipped, so it can never break a
+    reader or the hub's live loop.
+    """
+    try:
+        seq_of(entry_id)
+    except ValueError:
+        log.error("stream %s holds a foreign entry id %r; it is skipped", stream_id, entry_id)
+        return False
+    return True

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 
+import aiohttp
 import pytest
 
 from publisher.state import GATE, HUB
@@ -151,3 +152,24 @@ async def test_reader_that_stops_reading_during_replay_is_disconnected(ctx):
         await eventually(lambda: server.app[HUB].reader_count(ctx.sid) == 0 and server.app[GATE].open == 0)
     finally:
         stalled.close()
+
+
+async def test_foreign_entry_id_in_the_live_tail_is_skipped_and_the_hub_keeps_serving(ctx):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0))
+    url = ctx.server.url(f"/v1/streams/{ctx.sid}/events")
+    async with ctx.http.get(url, headers=bearer(token_for(ctx.sid))) as live:
+        client = SSEClient(live)
+        got = [await client.message() for _ in range(3)]  # retry hint, then ids 1 and 2
+        assert [m.get("id") for m in got if m and "id" in m] == ["1", "2"]
+        await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": b'{"type":"x"}'}, id="7-1")
+        await ctx.redis.publish(ctx.keys.live(ctx.sid), b"3")
+        await asyncio.sleep(0.2)
+        # the hub survived: a new reader of the same stream is served the real events
+        async with ctx.http.get(url, headers=bearer(token_for(ctx.sid)),
+                                timeout=aiohttp.ClientTimeout(sock_read=2)) as again:
+            assert again.status == 200
+            second = SSEClient(again)
+            ids_seen = [m["id"] for m in [await second.message() for _ in range(3)] if m and "id" in m]
+            assert ids_seen == ["1", "2"]
