@@ -134,11 +134,7 @@ class AnthropicAdapter(Adapter):
         name = payload.get("type")
         if not isinstance(name, str) or not name:
             name = frame.event if isinstance(frame, SSEFrame) and frame.event != "message" else ""
-        handler = self._handlers.get(name)
-        if handler is None:
-            self.norm.ignore(name)
-            return
-        handler(payload)
+        self._dispatch(self._handlers, name, payload)
 
     def _finish(self, *, truncated: bool) -> None:
         self.norm.fail(

@@ -13,6 +13,7 @@ Pure: imports no asyncio, aiohttp, redis or opentelemetry.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -123,6 +124,15 @@ class Adapter:
             self.norm.fail(category=error.category, message=error.message, retryable=error.retryable,
                            provider_code=code if isinstance(code, str) else None, finish_reason=self.seen_finish)
         return self.norm.take()
+
+    def _dispatch(self, handlers: Mapping[str, Callable[[dict[str, Any]], None]], name: str,
+                  payload: dict[str, Any]) -> None:
+        """Call the handler registered for ``name``; an unknown name is counted and skipped."""
+        handler = handlers.get(name)
+        if handler is None:
+            self.norm.ignore(name)
+            return
+        handler(payload)
 
     def _feed(self, frame: Frame) -> None:
         raise NotImplementedError

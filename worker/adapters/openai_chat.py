@@ -129,11 +129,7 @@ class OpenAIChatAdapter(Adapter):
             return
         payload = parse_object(text)
         name = payload_shape(payload)
-        handler = self._handlers.get(name)
-        if handler is None:
-            self.norm.ignore(name)
-            return
-        handler(payload)
+        self._dispatch(self._handlers, name, payload)
 
     def _finish(self, *, truncated: bool) -> None:
         if self._finish_raw is not None:

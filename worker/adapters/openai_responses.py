@@ -142,11 +142,7 @@ class OpenAIResponsesAdapter(Adapter):
         if not isinstance(name, str) or not name:
             event = frame.event if isinstance(frame, SSEFrame) and frame.event != "message" else ""
             name = payload["type"] = "error" if not event and isinstance(payload.get("error"), dict) else event
-        handler = self._handlers.get(name)
-        if handler is None:
-            self.norm.ignore(name)
-            return
-        handler(payload)
+        self._dispatch(self._handlers, name, payload)
 
     def _finish(self, *, truncated: bool) -> None:
         self.norm.fail(category="transport", message="upstream closed the connection before the response ended")
