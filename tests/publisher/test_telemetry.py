@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -11,6 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from publisher.app import RUNNER_KWARGS, create_app
+from publisher.stack import free_port
 from publisher.telemetry import providers_from_env
 from schema.job import job_decoder
 from schema.keys import JOB_FIELD
@@ -191,3 +194,22 @@ async def test_submit_puts_trace_context_in_job_and_meta_and_sse_span_links_to_i
     assert [link.context.span_id for link in sse_span.links] == [submit_span.context.span_id]
     assert sse_span.links[0].context.trace_id == submit_span.context.trace_id
     assert sse_span.context.trace_id != submit_span.context.trace_id
+
+
+async def test_metric_redis_errors_by_kind_when_redis_is_down(ctx, otel):
+    _, reader, providers = otel
+    port = free_port()  # nothing listens there: every command fails to connect
+    app = create_app(make_settings(), keys=ctx.keys, redis_url=f"redis://127.0.0.1:{port}/0", **providers)
+    runner = web.AppRunner(app, **RUNNER_KWARGS)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, bound = runner.addresses[0][:2]
+        url = f"http://{host}:{bound}/v1/streams/{ctx.sid}/events"
+        async with ctx.http.get(url, headers=bearer(API_KEY)) as resp:
+            assert resp.status == 503
+            assert (await resp.json())["type"].endswith("redis-unavailable")
+    finally:
+        await runner.cleanup()
+    assert total(reader, "fanout.redis.errors", kind="connection") == 1
+    assert total(reader, "fanout.redis.errors", kind="timeout") == 0

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -19,7 +27,19 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from schema.keys import Keys
-from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, stored_events, submit, wait_done
+from tests.worker.support import (
+    GUARD_S,
+    fake_upstream,
+    make_job,
+    running_worker,
+    settings_for,
+    stored_events,
+    submit,
+    wait_done,
+    wait_for,
+)
+from worker.intake import Intake
+from worker.job_groups import read_job_groups, watch_job_groups
 from worker.otel_setup import exporter_names, redis_error_kind
 from worker.telemetry import METRICS, Telemetry
 
@@ -215,3 +235,93 @@ def test_redis_errors_sorted_by_kind() -> None:
         captured.telemetry.redis_error(exc)
     assert {attrs["kind"]: int(p.value) for attrs, p in captured.points("fanout.redis.errors")} == dict.fromkeys(
         cases, 1)
+
+
+async def test_reclaimed_job_counted_and_worker_lost_is_a_terminal(redis_url: str, keys: Keys,
+                                                                   redis_client: aioredis.Redis) -> None:
+    intake = Intake(redis_client, keys, consumer="dead-1", lease_s=30)
+    await intake.ensure_group()
+    job = make_job("openai_chat", CHAT)
+    await submit(redis_client, keys, job)
+    assert len(await intake.read_new(1, block_ms=100)) == 1  # delivered to a consumer that never acks
+    captured = Captured()
+    async with fake_upstream() as (base, _state):
+        settings = settings_for(base, redis_url, keys, lease_s=0.3)
+        async with running_worker(settings, keys, telemetry=captured.telemetry, consumer="heir"):
+            await wait_done(redis_client, keys, job.stream_id)
+    assert captured.total("fanout.jobs.reclaimed") == 1
+    assert captured.total("fanout.jobs.claimed") == 1
+    assert captured.total("fanout.jobs.ended", outcome="done") == 1
+    assert captured.total("fanout.jobs.in_flight") == 0
+    assert captured.total("fanout.streams.ended", provider="openai_chat", status="completed") == 1
+
+
+async def _redis_version(client: aioredis.Redis) -> int:
+    return int(str((await client.info("server"))["redis_version"]).split(".")[0])
+
+
+async def test_job_groups_gauges_report_pending_and_lag_per_shard(keys: Keys, redis_client: aioredis.Redis) -> None:
+    intake = Intake(redis_client, keys, consumer="c-1", lease_s=30)
+    await intake.ensure_group()
+    for _ in range(3):
+        await submit(redis_client, keys, make_job("gemini", "m"))
+    assert len(await intake.read_new(1, block_ms=100)) == 1
+    captured = Captured()
+    missing = keys.jobs + "-absent"
+    await read_job_groups(redis_client, [("0", keys.jobs), ("1", missing)], captured.telemetry)
+    assert [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.pending")] == [({"shard": "0"}, 1)]
+    lag = [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.lag")]
+    assert lag == ([({"shard": "0"}, 2)] if await _redis_version(redis_client) >= 7 else [])
+    assert captured.total("fanout.redis.errors") == 0  # a shard stream not created yet is no error
+
+
+async def test_job_groups_poller_stops_with_the_worker_and_skips_without_metrics(
+        keys: Keys, redis_client: aioredis.Redis) -> None:
+    stop = asyncio.Event()
+    stop.set()
+    await asyncio.wait_for(watch_job_groups(redis_client, [("0", keys.jobs)], Telemetry(), interval_s=0.01,
+                                            stop=stop), GUARD_S)
+    captured = Captured()
+    stop.clear()
+    task = asyncio.create_task(watch_job_groups(redis_client, [("0", keys.jobs)], captured.telemetry,
+                                                interval_s=0.01, stop=stop))
+    await Intake(redis_client, keys, consumer="c-1", lease_s=30).ensure_group()
+    async def observed() -> bool:
+        return bool(captured.points("fanout.jobs.pending"))
+
+    await wait_for(observed)
+    stop.set()
+    await asyncio.wait_for(task, GUARD_S)
+
+
+class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:  # noqa: N802
+        self.requests.append(request)
+        return ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_exporter_reaches_a_grpc_receiver(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = TraceCollector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "fanout-worker-grpc-test")
+        telemetry = Telemetry.from_env({"OTEL_TRACES_EXPORTER": "otlp"})  # otlp = gRPC unless a protocol says
+        job = make_job("gemini", "m")
+        with telemetry.job_span(job):
+            pass
+        telemetry.shutdown()  # flushes the batch
+    finally:
+        server.stop(grace=None)
+    spans = [(rs.resource, span) for request in collector.requests for rs in request.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]
+    assert [span.name for _, span in spans] == ["fanout.job"]
+    resource, _ = spans[0]
+    assert {kv.key: kv.value.string_value for kv in resource.attributes}["service.name"] == "fanout-worker-grpc-test"
