@@ -172,6 +172,7 @@ class Worker:
         try:
             outcome = await run.run()
         except redis.exceptions.RedisError as exc:
+            self.ctx.telemetry.redis_error(exc)
             log.error("event=job_redis_error stream_id=%s error=%s", run.job.stream_id, type(exc).__name__)
         except Exception:
             log.exception("event=job_failed stream_id=%s", run.job.stream_id)

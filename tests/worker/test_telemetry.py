@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from schema.job import job_decoder, job_encoder
 from schema.keys import Keys
 from tests.worker.support import (
     GUARD_S,
@@ -325,3 +326,10 @@ def test_otlp_grpc_exporter_reaches_a_grpc_receiver(monkeypatch: pytest.MonkeyPa
     assert [span.name for _, span in spans] == ["fanout.job"]
     resource, _ = spans[0]
     assert {kv.key: kv.value.string_value for kv in resource.attributes}["service.name"] == "fanout-worker-grpc-test"
+
+
+def test_job_from_an_older_publisher_without_trace_context_decodes() -> None:
+    old = b'{"stream_id":"st_old","provider":"gemini","model":"m","request":{},"created_ms":1}'
+    job = job_decoder.decode(old)
+    assert job.trace_context == {}
+    assert job_decoder.decode(job_encoder.encode(job)) == job
