@@ -2,6 +2,8 @@
 # One image for every fanout role: `docker run IMAGE worker`, `docker run IMAGE publisher`.
 
 # --- build stage: compilers live here only ---------------------------------------------
+# The [otel] extra brings the OTLP (HTTP and gRPC) and Prometheus exporters, so the
+# OTEL_*_EXPORTER variables work in the image without a rebuild.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -14,7 +16,7 @@ COPY worker ./worker
 COPY publisher ./publisher
 RUN python -m venv /opt/fanout \
  && /opt/fanout/bin/pip install --upgrade pip \
- && /opt/fanout/bin/pip install .
+ && /opt/fanout/bin/pip install ".[otel]"
 
 # --- final stage: the virtual environment and the transcripts, no build tools ----------
 FROM python:3.11-slim
@@ -27,7 +29,9 @@ ENV PATH=/opt/fanout/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     FANOUT_TRANSCRIPTS_DIR=/app/transcripts
 USER fanout
-EXPOSE 8080
+# 8080: the publisher's HTTP port; 9464: the Prometheus scrape endpoint when
+# OTEL_METRICS_EXPORTER=prometheus (set OTEL_EXPORTER_PROMETHEUS_HOST=0.0.0.0 to reach it).
+EXPOSE 8080 9464
 # Liveness: Redis answers, and FANOUT_HEALTH_URL (set it for publishers) returns 200.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 CMD ["fanout", "health"]
 ENTRYPOINT ["fanout"]

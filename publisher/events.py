@@ -116,7 +116,11 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     if position > 0:
         telemetry.resumes.add(1)
     gate = request.app[GATE]
-    gate.acquire()
+    try:
+        gate.acquire()
+    except ProblemError as exc:
+        telemetry.refusal(exc.slug)
+        raise
     try:
         return await _answer(request, stream_id, scope, position)
     except ProblemError as exc:
@@ -130,6 +134,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, stream_id: str, scope: Scope, position: int) -> web.StreamResponse:
     app = request.app
     info = await app[STORE].info(stream_id)
+    app[TELEMETRY].link_submit(info.meta)
     early = early_answer(stream_id, info, position)
     if early is not None:
         app[TELEMETRY].no_content.add(1)
@@ -165,6 +170,7 @@ async def _stream(request: web.Request, reader: Reader, projection: Projection,
     except ConnectionError:
         pass  # the client left, or its connection was dropped on overflow or a stalled write
     except RedisError as exc:  # headers are sent: end the body, the client resumes
+        app[TELEMETRY].redis_error(exc)
         log.warning("stream %s: storage error mid-response: %s", reader.stream_id, exc)
     except Exception:  # headers are sent: no problem document is possible any more
         log.exception("stream %s: unexpected error mid-response", reader.stream_id)

@@ -46,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     """Serve until SIGTERM/SIGINT, then shut down gracefully; return 0."""
-    tracer_provider, meter_provider = providers_from_env(os.environ)
+    providers = providers_from_env(os.environ)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    app = create_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider)
     runner = web.AppRunner(app, handle_signals=False, **RUNNER_KWARGS)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -60,8 +60,6 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     await stop.wait()
     log.info("stopping: no new connections; closing event streams over %ss", settings.shutdown_window_s)
     await runner.cleanup()
-    for provider in (tracer_provider, meter_provider):
-        if provider is not None:
-            provider.shutdown()
+    providers.shutdown()
     log.info("stopped")
     return 0

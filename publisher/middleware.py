@@ -88,6 +88,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise
         return from_http_exception(exc)
     except (RedisError, InternalError) as exc:
+        if isinstance(exc, RedisError):
+            request.app[TELEMETRY].redis_error(exc)
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
         return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
     except Exception:

@@ -2,7 +2,9 @@
 
 Submission follows the protocol of :mod:`schema.keys`: create the stream's meta
 (``state=queued``, ``provider``, ``model``, ``created_ms``, ``body_hash``,
-``last_seq=0``), then XADD the Job JSON under field ``j`` to the jobs stream. The meta
+``last_seq=0``, and ``traceparent`` of the submit span when traced), then XADD the Job
+JSON (its ``trace_context`` set by the OpenTelemetry propagator) under field ``j`` to the
+jobs stream. The meta
 is created by one script that first looks for the stream (meta, tombstone or events),
 so a client-chosen ``stream_id`` is an idempotency key: the same body gets the same
 answer, another body a 409, and a stream id never names two jobs.
@@ -18,6 +20,7 @@ from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from opentelemetry import propagate
 from redis.exceptions import RedisError
 
 from publisher.auth import require_api_key
@@ -68,10 +71,20 @@ def _token(settings: PublisherSettings, stream_id: str, scope: Scope) -> dict[st
     return {"token": token, "token_expires_at": expires_at, "token_scope": scope}
 
 
+def _trace_context() -> dict[str, str]:
+    """W3C trace context (``traceparent``, ``tracestate``) of the current (submit) span; empty untraced."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
 async def _create_meta(request: web.Request, stream_id: str, sub: Submission, now_ms: int) -> str:
     keys, redis = request.app[KEYS], request.app[REDIS]
     fields = ["state", "queued", "provider", sub.provider, "model", sub.model,
               "created_ms", str(now_ms), "last_seq", "0"]
+    traceparent = _trace_context().get("traceparent")
+    if traceparent:  # read by the SSE handler, which links its span to the submit span
+        fields += ["traceparent", traceparent]
     outcome = await redis.eval(
         CREATE_META, 3, keys.meta(stream_id), keys.tomb(stream_id), keys.events(stream_id),
         sub.body_hash(), str(now_ms), str(ORPHAN_AFTER_MS), *fields,
@@ -83,7 +96,8 @@ async def _enqueue(request: web.Request, stream_id: str, sub: Submission, now_ms
     """XADD the job; on failure remove the fresh meta so a retry can submit again."""
     keys, redis = request.app[KEYS], request.app[REDIS]
     job = Job(stream_id=stream_id, provider=sub.provider, model=sub.model, request=sub.request,
-              metadata=sub.metadata, created_ms=now_ms, reasoning_visibility=sub.reasoning_visibility)
+              metadata=sub.metadata, created_ms=now_ms, reasoning_visibility=sub.reasoning_visibility,
+              trace_context=_trace_context())
     try:
         job_id = await redis.xadd(keys.jobs, {JOB_FIELD: job_encoder.encode(job)})
     except RedisError:

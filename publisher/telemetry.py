@@ -1,32 +1,39 @@
 """OpenTelemetry for the publisher: one server span per request and the fan-out metrics.
 
 The app takes a tracer provider and a meter provider (tests inject in-memory ones); the
-CLI builds them from the standard ``OTEL_*`` variables with :func:`providers_from_env`,
-which exports nothing unless ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name an
-installed exporter. Span attributes never hold the query string (it may carry a token).
+CLI builds them from the standard ``OTEL_*`` variables with :func:`providers_from_env`
+(:mod:`worker.otel_setup`: nothing is exported unless an exporter variable asks). Span
+attributes never hold the query string (it may carry a token). The SSE span of a reader
+links to the submit span of its stream (meta field ``traceparent``). Metric attribute
+values come from small fixed sets (:data:`ATTRIBUTE_VALUES`), never stream ids.
 
 Follows the OpenTelemetry semantic conventions for HTTP server spans.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
-from importlib.metadata import entry_points
-from typing import Any
+from typing import Final
 
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry import metrics, propagate, trace
 
-log = logging.getLogger(__name__)
+from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, redis_error_kind
+from worker.otel_setup import providers_from_env as _providers_from_env
 
-SCOPE = "fanout.publisher"
+SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""
+
+PHASES: Final = ("replay", "live")
+GONE_CAUSES: Final = ("history-expired", "history-trimmed", "position-ahead")
+REFUSALS: Final = ("too-many-connections", "shutting-down")
+ATTRIBUTE_VALUES: Final[dict[str, frozenset[str]]] = {
+    "phase": frozenset(PHASES),
+    "cause": frozenset(GONE_CAUSES),
+    "reason": frozenset(REFUSALS),
+    "kind": frozenset(REDIS_ERROR_KINDS),
+}
+"""Every value an attribute of a publisher metric may take."""
 
 
 class Telemetry:
@@ -45,34 +52,43 @@ class Telemetry:
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
         self.open_connections = meter.create_up_down_counter(
-            "fanout.publisher.connections.open", unit="{connection}", description="Open SSE responses"
-        )
+            "fanout.sse.readers", unit="{reader}", description="Open SSE responses")
         self.delivered = meter.create_counter(
-            "fanout.publisher.events.delivered", unit="{event}", description="Events written to SSE responses"
-        )
+            "fanout.sse.events.delivered", unit="{event}", description="Events written to SSE responses, by phase")
         self.latency = meter.create_histogram(
-            "fanout.publisher.delivery.latency",
-            unit="ms",
-            description="From the event's ts (worker emit time) to its write on the SSE response",
-        )
+            "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+            description="From the event's ts (worker emit time) to its write on the SSE response")
         self.resumes = meter.create_counter(
-            "fanout.publisher.resumes", unit="{request}", description="SSE requests with a position (Last-Event-ID)"
-        )
+            "fanout.sse.resumes", unit="{request}", description="SSE requests with a position (Last-Event-ID)")
         self.no_content = meter.create_counter(
-            "fanout.publisher.responses.no_content", unit="{response}", description="204: client holds the end"
-        )
+            "fanout.sse.no_content", unit="{response}", description="204: the client holds the end")
         self.gone = meter.create_counter(
-            "fanout.publisher.responses.gone", unit="{response}", description="410 answers, by cause"
-        )
+            "fanout.sse.gone", unit="{response}", description="410 answers, by cause")
         self.overflows = meter.create_counter(
-            "fanout.publisher.queue.overflows", unit="{reader}", description="Readers closed for a full queue"
-        )
+            "fanout.sse.overflows", unit="{reader}", description="Readers closed for a full queue or a stalled write")
         self.gaps = meter.create_counter(
-            "fanout.publisher.gaps", unit="{response}", description="Open responses closed on a history gap"
-        )
+            "fanout.sse.gaps", unit="{response}", description="Responses ended by a stream.gap frame")
+        self.refused = meter.create_counter(
+            "fanout.sse.refused", unit="{request}", description="SSE requests refused (503), by reason")
+        self.redis_errors = meter.create_counter(
+            "fanout.redis.errors", unit="{error}", description="Redis errors seen, by kind")
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Export every counter from the start (0), so a rate is 0 rather than missing."""
+        for counter in (self.open_connections, self.resumes, self.no_content, self.overflows, self.gaps):
+            counter.add(0)
+        for phase in PHASES:
+            self.delivered.add(0, {"phase": phase})
+        for cause in GONE_CAUSES:
+            self.gone.add(0, {"cause": cause})
+        for reason in REFUSALS:
+            self.refused.add(0, {"reason": reason})
+        for kind in REDIS_ERROR_KINDS:
+            self.redis_errors.add(0, {"kind": kind})
 
     def record_delivery(self, ts_ms: int, phase: str) -> None:
-        """Count one delivered event and its publish-to-delivery latency (ms).
+        """Count one delivered event and its publish-to-delivery latency (exported in seconds).
 
         Args:
             ts_ms: The event's ``ts``; 0 (unknown) records no latency.
@@ -81,42 +97,27 @@ class Telemetry:
         attributes = {"phase": phase}
         self.delivered.add(1, attributes)
         if ts_ms > 0:
-            self.latency.record(max(0.0, time.time() * 1000 - ts_ms), attributes)
+            self.latency.record(max(0.0, time.time() - ts_ms / 1000), attributes)
+
+    def redis_error(self, exc: BaseException) -> None:
+        """Count one Redis error by kind (:func:`worker.otel_setup.redis_error_kind`)."""
+        self.redis_errors.add(1, {"kind": redis_error_kind(exc)})
+
+    def refusal(self, slug: str) -> None:
+        """Count one refused SSE request (``too-many-connections`` or ``shutting-down``)."""
+        self.refused.add(1, {"reason": slug if slug in REFUSALS else "too-many-connections"})
+
+    @staticmethod
+    def link_submit(meta: Mapping[str, str]) -> None:
+        """Link the current (SSE) span to the submit span whose ``traceparent`` the stream's meta holds."""
+        traceparent = meta.get("traceparent")
+        if not traceparent:
+            return
+        context = trace.get_current_span(propagate.extract({"traceparent": traceparent})).get_span_context()
+        if context.is_valid:
+            trace.get_current_span().add_link(context, {"fanout.link": "submit"})
 
 
-def providers_from_env(
-    environ: Mapping[str, str],
-) -> tuple[TracerProvider | None, MeterProvider | None]:
-    """Build SDK providers from ``OTEL_*`` variables; ``(None, None)`` when nothing is asked.
-
-    ``OTEL_SDK_DISABLED=true`` or unset exporter variables export nothing (the global
-    no-op providers are used). The service name, resource attributes, sampler and
-    batch/interval settings are read by the SDK itself from their ``OTEL_*`` variables.
-    """
-    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return None, None
-    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "fanout-publisher")})
-    tracer_provider = None
-    for exporter in _exporters("opentelemetry_traces_exporter", environ.get("OTEL_TRACES_EXPORTER", "none")):
-        tracer_provider = tracer_provider or TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-    readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(exporter)
-        for exporter in _exporters("opentelemetry_metrics_exporter", environ.get("OTEL_METRICS_EXPORTER", "none"))
-    ]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers) if readers else None
-    return tracer_provider, meter_provider
-
-
-def _exporters(group: str, names: str) -> list[Any]:
-    """Instantiate the exporters named (comma-separated) from the entry points of ``group``."""
-    found: list[Any] = []
-    for name in (n.strip() for n in names.split(",")):
-        if not name or name == "none":
-            continue
-        points = entry_points(group=group, name=name)
-        if not points:
-            log.warning("OpenTelemetry exporter %r is not installed (group %s); ignored", name, group)
-            continue
-        found.append(next(iter(points)).load()())
-    return found
+def providers_from_env(environ: Mapping[str, str]) -> Providers:
+    """Build the SDK providers the ``OTEL_*`` variables ask for (see :mod:`worker.otel_setup`)."""
+    return _providers_from_env(environ, service_name="fanout-publisher")

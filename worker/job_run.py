@@ -114,12 +114,13 @@ class JobRun:
                                             entry_id=self.entry_id, now_ms=self._claim_ms)
         if claim.done:
             await self.ctx.leases.ack(self.entry_id)
+            self.telemetry.job_ended("skipped")
             return "skipped"
         self.token = claim.token
         self.writer = self.ctx.appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq,
                                                provider=job.provider, model=job.model, started_ms=claim.started_ms)
         lease = asyncio.create_task(self._keep_lease())
-        with self.telemetry.job_span(job.stream_id, job.provider, job.model) as span:
+        with self.telemetry.job_span(job) as span, self.telemetry.job_running():
             try:
                 outcome = await self._drive(claim)
             finally:
@@ -128,6 +129,7 @@ class JobRun:
                     await lease
             terminal = self.writer.terminal
             span.set_attribute("fanout.status", terminal.status if terminal else outcome)
+        self.telemetry.job_ended(outcome)
         log.info("event=job_end stream_id=%s provider=%s outcome=%s status=%s attempts=%d", job.stream_id,
                  job.provider, outcome, terminal.status if terminal else "-", self._attempts)
         return outcome
@@ -147,6 +149,7 @@ class JobRun:
             log.warning("event=append_refused stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
             return "abandoned"
         except redis.exceptions.RedisError as exc:
+            self.telemetry.redis_error(exc)
             log.error("event=redis_error stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
             return "abandoned"
         except Exception:
@@ -253,7 +256,7 @@ class JobRun:
         if isinstance(last, StreamDone | StreamError):
             category = last.error.category if isinstance(last, StreamError) else None
             self.telemetry.terminal(provider=provider, status=last.status, category=category)
-            self.telemetry.duration(last.ts - self._claim_ms, provider)
+            self.telemetry.duration(last.ts - self._claim_ms, provider, last.status)
 
     async def _write_error(self, error: FanoutError) -> None:
         assert self.writer is not None
@@ -286,6 +289,7 @@ class JobRun:
                 outcome = await self.ctx.leases.renew(entry_id=self.entry_id, stream_id=self.job.stream_id,
                                                       token=self.token)
             except redis.exceptions.RedisError as exc:
+                self.telemetry.redis_error(exc)
                 log.warning("event=lease_renew_failed stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
                 continue
             if outcome == "cancel":

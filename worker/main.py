@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from schema.keys import Keys
 from schema.settings import SettingsError
+from worker.job_groups import watch_job_groups
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
@@ -47,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout worker: {exc}\n")
         return 2
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
-    telemetry = Telemetry.from_exporters(traces=settings.otel_traces_exporter,
-                                         metrics_exporter=settings.otel_metrics_exporter)
+    telemetry = Telemetry.from_env(os.environ)
     try:
         asyncio.run(serve(settings, telemetry))
     finally:
@@ -67,9 +67,12 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     client = aioredis.Redis.from_url(settings.redis_url)
     session = new_session(settings)
     try:
-        worker = Worker.create(client, Keys(settings.redis_prefix), settings, session=session,
-                               credentials=credentials, telemetry=telemetry)
+        keys = Keys(settings.redis_prefix)
+        worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry)
+        gauges = asyncio.create_task(watch_job_groups(client, [("0", keys.jobs)], telemetry,
+                                                      interval_s=settings.metrics_poll_s, stop=stop))
         await worker.run(stop)
+        await gauges
     finally:
         await session.close()
         await client.aclose()

@@ -122,6 +122,7 @@ class Worker:
             try:
                 entries = await self._next_entries()
             except redis.exceptions.RedisError as exc:
+                self.ctx.telemetry.redis_error(exc)
                 log.error("event=intake_failed error=%s", type(exc).__name__)
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
@@ -133,6 +134,7 @@ class Worker:
         fresh = [entry for entry in taken if entry[0] not in self.runs]
         if fresh:
             log.info("event=jobs_reclaimed count=%d", len(fresh))
+            self.ctx.telemetry.jobs_reclaimed(len(fresh))
             return fresh
         return await self.intake.read_new(self.free_slots, block_ms=self.settings.block_ms)
 
@@ -170,6 +172,7 @@ class Worker:
         try:
             outcome = await run.run()
         except redis.exceptions.RedisError as exc:
+            self.ctx.telemetry.redis_error(exc)
             log.error("event=job_redis_error stream_id=%s error=%s", run.job.stream_id, type(exc).__name__)
         except Exception:
             log.exception("event=job_failed stream_id=%s", run.job.stream_id)

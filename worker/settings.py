@@ -1,8 +1,8 @@
 """The worker's configuration: one frozen Struct read from ``FANOUT_*`` variables.
 
 Every field is the variable's name lower-cased without ``FANOUT_`` (``FANOUT_IDLE_TIMEOUT_S``
-→ ``idle_timeout_s``); ``REDIS_URL`` and the two ``OTEL_*_EXPORTER`` variables map as
-:func:`schema.settings.load_settings` describes. Provider API keys are not settings: they
+→ ``idle_timeout_s``); ``REDIS_URL`` maps as :func:`schema.settings.load_settings` describes
+(``OTEL_*`` variables are the SDK's: :mod:`worker.otel_setup`). Provider API keys are not settings: they
 are read by :func:`worker.upstream.credentials_from_env` and never stored in a Struct
 that could be logged. Units live in the names (``_s`` seconds, ``_ms`` milliseconds).
 """
@@ -76,10 +76,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Level of the key=value log lines on stderr (``FANOUT_LOG_LEVEL``)."""
 
-    otel_traces_exporter: str = "none"
-    """``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
-    otel_metrics_exporter: str = "none"
-    """``OTEL_METRICS_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
+    metrics_poll_s: _Positive = 5.0
+    """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``
+    and ``fanout.jobs.lag`` gauges, seconds; only while metrics are exported. The ``OTEL_*``
+    variables are read by :mod:`worker.otel_setup`, not here."""
 
     @property
     def lease_renew_s(self) -> float:

@@ -1,80 +1,62 @@
-"""The worker's traces and metrics (OpenTelemetry SDK), configured by the standard ``OTEL_*`` variables.
+"""The worker's spans and metrics (OpenTelemetry SDK); the exporters come from ``OTEL_*`` (:mod:`worker.otel_setup`).
 
-``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``none`` (the default here, so nothing
-is exported unless asked), ``console``, or ``otlp`` (only when an
-``opentelemetry-exporter-otlp-proto-http`` or ``-grpc`` package is installed; otherwise one
-warning line and nothing). The exporters themselves read the rest (``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL``, ...). Tests inject their own
-providers (``InMemorySpanExporter``, ``InMemoryMetricReader``); the global providers are
-never touched.
-
-Spans: ``fanout.job`` (one per job run) and its child ``fanout.upstream`` (one per upstream
-attempt), attributes ``fanout.stream_id``, ``fanout.provider``, ``fanout.model``,
-``fanout.status``. Metrics: :data:`METRICS`.
+Spans: ``fanout.job`` (one per job run, CONSUMER; the child of the publisher's submit span
+when the job carries W3C trace context) and its child ``fanout.upstream`` (one per upstream
+attempt, CLIENT); attributes ``fanout.stream_id``, ``fanout.provider``, ``fanout.model``,
+``fanout.status``. Metrics: :data:`METRICS` (the README's metrics table lists the same).
+Attribute values come from small fixed sets (:data:`ATTRIBUTE_VALUES`): never stream ids,
+model names or upstream text. Tests inject their own providers (in-memory exporter and
+reader); the global providers are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import logging
-import sys
+import os
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Final, get_args
 
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
 
-log = logging.getLogger("fanout.worker.telemetry")
+from schema.contract import ErrorCategory, TerminalStatus
+from schema.job import PROVIDERS, Job
+from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, providers_from_env, redis_error_kind
 
 SCOPE: Final = "fanout.worker"
 """Instrumentation scope name of every span and instrument."""
 
 METRICS: Final = {
-    "fanout.worker.events_appended": "counter: contract events stored, by provider",
-    "fanout.worker.upstream_ignored": "counter: upstream events skipped, by provider and event name",
-    "fanout.worker.terminals": "counter: finished streams, by provider, status and error category",
-    "fanout.worker.time_to_first_delta": "histogram (ms): claim to first stored block.delta",
-    "fanout.worker.stream_duration": "histogram (ms): claim to stored terminal event",
-    "fanout.worker.upstream_retries": "counter: upstream attempts retried, by provider and category",
+    "fanout.jobs.claimed": "counter: jobs this process claimed (a new fencing token)",
+    "fanout.jobs.reclaimed": "counter: jobs taken over from a stopped owner (XAUTOCLAIM)",
+    "fanout.jobs.in_flight": "up-down counter: jobs running in this process",
+    "fanout.jobs.ended": "counter: job runs ended, by outcome",
+    "fanout.jobs.pending": "observable gauge: jobs delivered to a worker and not yet acked, by shard",
+    "fanout.jobs.lag": "observable gauge: jobs not yet delivered to any worker, by shard",
+    "fanout.streams.ended": "counter: terminal events stored, by provider, status and category",
+    "fanout.events.appended": "counter: contract events stored, by provider",
+    "fanout.append.retries": "counter: appends retried after a Redis error, by kind",
+    "fanout.time_to_first_delta": "histogram (s): claim to first stored block.delta",
+    "fanout.stream.duration": "histogram (s): claim to stored terminal event",
+    "fanout.upstream.retries": "counter: upstream attempts retried, by provider and category",
+    "fanout.upstream.ignored": "counter: upstream events the adapter skipped (unknown or keep-alive), by provider",
+    "fanout.redis.errors": "counter: Redis errors seen, by kind",
 }
 """Instrument name → what it counts."""
 
-_OTLP_MODULES: Final = {
-    "traces": ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
-               "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
-    "metrics": ("opentelemetry.exporter.otlp.proto.http.metric_exporter",
-                "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"),
+OUTCOMES: Final = ("done", "skipped", "abandoned")
+ATTRIBUTE_VALUES: Final[dict[str, frozenset[str]]] = {
+    "provider": frozenset((*PROVIDERS, "other")),
+    "status": frozenset(get_args(TerminalStatus)),
+    "category": frozenset((*get_args(ErrorCategory), "none")),
+    "outcome": frozenset(OUTCOMES),
+    "kind": frozenset(REDIS_ERROR_KINDS),
 }
-_OTLP_CLASSES: Final = {"traces": "OTLPSpanExporter", "metrics": "OTLPMetricExporter"}
+"""Every value an attribute of a worker metric may take (``shard`` is a decimal shard number)."""
 
 
-def _otlp_exporter(signal: str) -> Any | None:
-    for module in _OTLP_MODULES[signal]:
-        try:
-            return getattr(importlib.import_module(module), _OTLP_CLASSES[signal])()
-        except ImportError:
-            continue
-    log.warning("event=otel_exporter_missing signal=%s asked=otlp action=disabled "
-                "hint='pip install opentelemetry-exporter-otlp'", signal)
-    return None
-
-
-def _exporter(signal: str, name: str) -> Any | None:
-    choice = name.strip().lower() or "none"
-    if choice == "none":
-        return None
-    if choice == "console":
-        # sys.stdout as it is now, not as it was when the SDK was imported
-        return ConsoleSpanExporter(out=sys.stdout) if signal == "traces" else ConsoleMetricExporter(out=sys.stdout)
-    if choice == "otlp":
-        return _otlp_exporter(signal)
-    log.warning("event=otel_exporter_unknown signal=%s asked=%s action=disabled", signal, choice)
-    return None
+def _provider(name: str) -> str:
+    return name if name in PROVIDERS else "other"  # an invalid job's stub may name anything
 
 
 class Telemetry:
@@ -83,59 +65,67 @@ class Telemetry:
     Args:
         tracer_provider: Where spans go; default a no-op provider.
         meter_provider: Where measurements go; default a no-op provider.
+        providers: SDK providers this object owns and shuts down (from :meth:`from_env`).
     """
 
-    def __init__(
-        self,
-        tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: metrics.MeterProvider | None = None,
-    ) -> None:
-        self._tracer_provider = tracer_provider or trace.NoOpTracerProvider()
-        self._meter_provider = meter_provider or metrics.NoOpMeterProvider()
-        self.tracer = self._tracer_provider.get_tracer(SCOPE)
-        meter = self._meter_provider.get_meter(SCOPE)
-        self._appended = meter.create_counter("fanout.worker.events_appended", unit="{event}")
-        self._ignored = meter.create_counter("fanout.worker.upstream_ignored", unit="{event}")
-        self._terminals = meter.create_counter("fanout.worker.terminals", unit="{stream}")
-        self._ttfd = meter.create_histogram("fanout.worker.time_to_first_delta", unit="ms")
-        self._duration = meter.create_histogram("fanout.worker.stream_duration", unit="ms")
-        self._retries = meter.create_counter("fanout.worker.upstream_retries", unit="{attempt}")
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None,
+                 meter_provider: metrics.MeterProvider | None = None, *, providers: Providers | None = None) -> None:
+        self._providers = providers
+        self.metrics_enabled = meter_provider is not None
+        """Whether measurements go anywhere (the job-groups poller runs only then)."""
+        self.tracer = (tracer_provider or trace.NoOpTracerProvider()).get_tracer(SCOPE)
+        meter = (meter_provider or metrics.NoOpMeterProvider()).get_meter(SCOPE)
+        self._groups: dict[str, tuple[int, int | None]] = {}
+        self._claimed = meter.create_counter("fanout.jobs.claimed", unit="{job}")
+        self._reclaimed = meter.create_counter("fanout.jobs.reclaimed", unit="{job}")
+        self._in_flight = meter.create_up_down_counter("fanout.jobs.in_flight", unit="{job}")
+        self._jobs_ended = meter.create_counter("fanout.jobs.ended", unit="{job}")
+        meter.create_observable_gauge("fanout.jobs.pending", [self._observe_pending], unit="{job}")
+        meter.create_observable_gauge("fanout.jobs.lag", [self._observe_lag], unit="{job}")
+        self._ended = meter.create_counter("fanout.streams.ended", unit="{stream}")
+        self._appended = meter.create_counter("fanout.events.appended", unit="{event}")
+        self._append_retries = meter.create_counter("fanout.append.retries", unit="{attempt}")
+        self._ttfd = meter.create_histogram("fanout.time_to_first_delta", unit="s",
+                                            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self._duration = meter.create_histogram("fanout.stream.duration", unit="s",
+                                                explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+        self._retries = meter.create_counter("fanout.upstream.retries", unit="{attempt}")
+        self._ignored = meter.create_counter("fanout.upstream.ignored", unit="{event}")
+        self._redis_errors = meter.create_counter("fanout.redis.errors", unit="{error}")
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Export every counter from the start (0), so a rate is 0 rather than missing."""
+        for counter in (self._claimed, self._reclaimed, self._in_flight):
+            counter.add(0)
+        for outcome in OUTCOMES:
+            self._jobs_ended.add(0, {"outcome": outcome})
+        for kind in REDIS_ERROR_KINDS:
+            self._redis_errors.add(0, {"kind": kind})
+            self._append_retries.add(0, {"kind": kind})
 
     @classmethod
-    def from_exporters(cls, *, traces: str = "none", metrics_exporter: str = "none") -> Telemetry:
-        """Build SDK providers for the ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` values.
-
-        ``none`` (or an exporter that is not installed) leaves that signal a no-op.
-        """
-        resource = Resource.create()  # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(Resource({"service.name": "fanout-worker"}))
-        tracer_provider: TracerProvider | None = None
-        meter_provider: MeterProvider | None = None
-        span_exporter: SpanExporter | None = _exporter("traces", traces)
-        if span_exporter is not None:
-            tracer_provider = TracerProvider(resource=resource)
-            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        metric_exporter = _exporter("metrics", metrics_exporter)
-        if metric_exporter is not None:
-            readers: list[MetricReader] = [PeriodicExportingMetricReader(metric_exporter)]
-            meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-        return cls(tracer_provider, meter_provider)
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Telemetry:
+        """Telemetry exporting where the ``OTEL_*`` variables say (nothing by default)."""
+        providers = providers_from_env(environ, service_name="fanout-worker")
+        return cls(providers.tracer_provider, providers.meter_provider, providers=providers)
 
     def shutdown(self) -> None:
-        """Flush and stop SDK providers (no-op providers have nothing to do)."""
-        for provider in (self._tracer_provider, self._meter_provider):
-            shutdown = getattr(provider, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+        """Flush and stop the providers this object owns (none when injected)."""
+        if self._providers is not None:
+            self._providers.shutdown()
 
     @contextlib.contextmanager
-    def job_span(self, stream_id: str, provider: str, model: str) -> Iterator[trace.Span]:
-        """Span of one job run; the caller sets ``fanout.status`` when the stream ends."""
-        attributes: dict[str, str | int] = {"fanout.stream_id": stream_id, "fanout.provider": provider,
-                                            "fanout.model": model}
-        kind = trace.SpanKind.CONSUMER
-        with self.tracer.start_as_current_span("fanout.job", kind=kind, attributes=attributes) as span:
+    def job_span(self, job: Job) -> Iterator[trace.Span]:
+        """Span of one job run, child of the submit span in ``job.trace_context`` (if any).
+
+        The caller sets ``fanout.status`` when the stream ends.
+        """
+        attributes: dict[str, str | int] = {"fanout.stream_id": job.stream_id, "fanout.provider": job.provider,
+                                            "fanout.model": job.model}
+        parent = propagate.extract(job.trace_context) if job.trace_context else None
+        with self.tracer.start_as_current_span("fanout.job", context=parent, kind=trace.SpanKind.CONSUMER,
+                                               attributes=attributes) as span:
             yield span
 
     @contextlib.contextmanager
@@ -147,28 +137,70 @@ class Telemetry:
         with self.tracer.start_as_current_span("fanout.upstream", kind=kind, attributes=attributes) as span:
             yield span
 
+    @contextlib.contextmanager
+    def job_running(self) -> Iterator[None]:
+        """Count one claimed job in flight for the duration of the block."""
+        self._claimed.add(1)
+        self._in_flight.add(1)
+        try:
+            yield
+        finally:
+            self._in_flight.add(-1)
+
+    def job_ended(self, outcome: str) -> None:
+        """Count one job run ended ``done``, ``skipped`` or ``abandoned``."""
+        self._jobs_ended.add(1, {"outcome": outcome if outcome in OUTCOMES else "abandoned"})
+
+    def jobs_reclaimed(self, count: int) -> None:
+        """Count ``count`` jobs taken over from a stopped owner."""
+        self._reclaimed.add(count)
+
+    def job_groups(self, shard: str, *, pending: int, lag: int | None) -> None:
+        """Remember one shard's consumer-group state (``XINFO GROUPS``) for the next collection.
+
+        Args:
+            shard: Decimal shard number (``"0"`` for the single jobs stream).
+            pending: Entries delivered and not acked.
+            lag: Entries not yet delivered, ``None`` when Redis cannot tell (then not exported).
+        """
+        self._groups[shard] = (pending, lag)
+
+    def _observe_pending(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(pending, {"shard": shard}) for shard, (pending, _lag) in self._groups.items()]
+
+    def _observe_lag(self, _options: CallbackOptions) -> list[Observation]:
+        return [Observation(lag, {"shard": shard}) for shard, (_p, lag) in self._groups.items() if lag is not None]
+
     def events_appended(self, count: int, provider: str) -> None:
         """Count ``count`` stored events."""
-        self._appended.add(count, {"provider": provider})
+        self._appended.add(count, {"provider": _provider(provider)})
+
+    def append_retry(self, exc: BaseException) -> None:
+        """Count one append retried after the Redis error ``exc`` (called by the appender's retry policy)."""
+        self._append_retries.add(1, {"kind": redis_error_kind(exc)})
 
     def ignored(self, counts: Mapping[str, int], provider: str) -> None:
-        """Count the upstream events an adapter skipped, by event name."""
-        for name, count in counts.items():
-            if count:
-                self._ignored.add(count, {"provider": provider, "event": name})
+        """Count the upstream events an adapter skipped (the names stay out of the attributes)."""
+        total = sum(counts.values())
+        if total:
+            self._ignored.add(total, {"provider": _provider(provider)})
 
     def terminal(self, *, provider: str, status: str, category: str | None) -> None:
-        """Count one finished stream by status and error category (``none`` for success)."""
-        self._terminals.add(1, {"provider": provider, "status": status, "category": category or "none"})
+        """Count one stored terminal event by status and error category (``none`` for success)."""
+        self._ended.add(1, {"provider": _provider(provider), "status": status, "category": category or "none"})
 
     def first_delta(self, ms: float, provider: str) -> None:
-        """Record the time from claim to the first stored delta, in milliseconds."""
-        self._ttfd.record(max(0.0, ms), {"provider": provider})
+        """Record the time from claim to the first stored delta (given in ms, exported in seconds)."""
+        self._ttfd.record(max(0.0, ms) / 1000, {"provider": _provider(provider)})
 
-    def duration(self, ms: float, provider: str) -> None:
-        """Record the time from claim to the stored terminal event, in milliseconds."""
-        self._duration.record(max(0.0, ms), {"provider": provider})
+    def duration(self, ms: float, provider: str, status: str) -> None:
+        """Record the time from claim to the stored terminal event (given in ms, exported in seconds)."""
+        self._duration.record(max(0.0, ms) / 1000, {"provider": _provider(provider), "status": status})
 
     def retry(self, *, provider: str, category: str) -> None:
         """Count one upstream retry and the error category that caused it."""
-        self._retries.add(1, {"provider": provider, "category": category})
+        self._retries.add(1, {"provider": _provider(provider), "category": category})
+
+    def redis_error(self, exc: BaseException) -> None:
+        """Count one Redis error by kind (:func:`worker.otel_setup.redis_error_kind`)."""
+        self._redis_errors.add(1, {"kind": redis_error_kind(exc)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -11,7 +12,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from publisher.app import RUNNER_KWARGS, create_app
+from publisher.stack import free_port
 from publisher.telemetry import providers_from_env
+from schema.job import job_decoder
+from schema.keys import JOB_FIELD
 from tests.publisher.helpers import (
     API_KEY,
     SSEClient,
@@ -95,14 +100,14 @@ async def test_metrics_connections_deliveries_latency_and_resumes(ctx, otel):
     async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"), headers=headers) as resp:
         client = SSEClient(resp)
         assert (await client.next_event())["id"] == "2"
-        assert total(reader, "fanout.publisher.connections.open") == 1
+        assert total(reader, "fanout.sse.readers") == 1
         await writer.append(delta(ctx.sid, 3, 0))
         assert (await client.next_event())["id"] == "3"
-    await eventually(lambda: total(reader, "fanout.publisher.connections.open") == 0)
-    assert total(reader, "fanout.publisher.resumes") == 1
-    assert total(reader, "fanout.publisher.events.delivered", phase="replay") == 1
-    assert total(reader, "fanout.publisher.events.delivered", phase="live") == 1
-    latency = points(reader, "fanout.publisher.delivery.latency")
+    await eventually(lambda: total(reader, "fanout.sse.readers") == 0)
+    assert total(reader, "fanout.sse.resumes") == 1
+    assert total(reader, "fanout.sse.events.delivered", phase="replay") == 1
+    assert total(reader, "fanout.sse.events.delivered", phase="live") == 1
+    latency = points(reader, "fanout.delivery.latency")
     assert sum(p.count for p in latency) == 2
     assert all(p.min >= 0 for p in latency)
 
@@ -119,9 +124,9 @@ async def test_metrics_204_and_410_by_cause(ctx, otel):
     await writer.expire(5)
     async with ctx.http.get(url, headers={**bearer(API_KEY), "Last-Event-ID": "2"}) as resp:
         assert resp.status == 410
-    assert total(reader, "fanout.publisher.responses.no_content") == 1
-    assert total(reader, "fanout.publisher.responses.gone", cause="position-ahead") == 1
-    assert total(reader, "fanout.publisher.responses.gone", cause="history-expired") == 1
+    assert total(reader, "fanout.sse.no_content") == 1
+    assert total(reader, "fanout.sse.gone", cause="position-ahead") == 1
+    assert total(reader, "fanout.sse.gone", cause="history-expired") == 1
 
 
 async def test_metric_queue_overflow(ctx, otel):
@@ -141,13 +146,70 @@ async def test_metric_queue_overflow(ctx, otel):
         except (aiohttp.ClientError, ConnectionError):  # the connection is dropped, cleanly or not
             pass
     assert ids([m for m in received if "id" in m]) in ([], [2])
-    assert total(reader, "fanout.publisher.queue.overflows") == 1
+    assert total(reader, "fanout.sse.overflows") == 1
 
 
 def test_nothing_is_exported_by_default():
-    assert providers_from_env({}) == (None, None)
-    assert providers_from_env({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}) == (None, None)
-    tracer_provider, meter_provider = providers_from_env({"OTEL_TRACES_EXPORTER": "console"})
-    assert isinstance(tracer_provider, TracerProvider)
-    assert meter_provider is None
-    tracer_provider.shutdown()
+    for environ in ({}, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}):
+        providers = providers_from_env(environ)
+        assert (providers.tracer_provider, providers.meter_provider, providers.logger_provider) == (None, None, None)
+    providers = providers_from_env({"OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(providers.tracer_provider, TracerProvider)
+    assert providers.meter_provider is None
+    assert providers.tracer_provider.resource.attributes["service.name"] == "fanout-publisher"
+    providers.shutdown()
+
+
+async def test_metric_refused_connections_by_reason(ctx, otel):
+    _, reader, providers = otel
+    server = await ctx.start_app(make_settings(max_connections=1), **providers)
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    url = server.url(f"/v1/streams/{ctx.sid}/events")
+    async with ctx.http.get(url, headers=bearer(API_KEY)) as first:
+        assert (await SSEClient(first).next_event())["id"] == "1"
+        async with ctx.http.get(url, headers=bearer(API_KEY)) as second:
+            assert second.status == 503
+    assert total(reader, "fanout.sse.refused", reason="too-many-connections") == 1
+    assert total(reader, "fanout.sse.refused", reason="shutting-down") == 0
+
+
+async def test_submit_puts_trace_context_in_job_and_meta_and_sse_span_links_to_it(ctx, otel):
+    exporter, _, providers = otel
+    server = await ctx.start_app(**providers)
+    body = {"provider": "anthropic", "model": "m", "request": {"messages": []}}
+    async with ctx.http.post(server.url("/v1/streams"), json=body, headers=bearer(API_KEY)) as resp:
+        assert resp.status == 201
+        stream_id = (await resp.json())["stream_id"]
+    (submit_span,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/streams"]
+    ids_of_submit = [f"{submit_span.context.trace_id:032x}", f"{submit_span.context.span_id:016x}"]
+    ((_, fields),) = await ctx.redis.xrange(ctx.keys.jobs)
+    job = job_decoder.decode(fields[JOB_FIELD])
+    assert job.trace_context["traceparent"].split("-")[1:3] == ids_of_submit
+    meta_traceparent = (await ctx.redis.hget(ctx.keys.meta(stream_id), "traceparent")).decode()
+    assert meta_traceparent == job.trace_context["traceparent"]
+    await StreamWriter(ctx.redis, ctx.keys, stream_id).append(*text_stream(stream_id, 1))
+    async with ctx.http.get(server.url(f"/v1/streams/{stream_id}/events"), headers=bearer(API_KEY)) as resp:
+        await SSEClient(resp).events()
+    (sse_span,) = [s for s in exporter.get_finished_spans() if s.name == "GET /v1/streams/{stream_id}/events"]
+    assert [link.context.span_id for link in sse_span.links] == [submit_span.context.span_id]
+    assert sse_span.links[0].context.trace_id == submit_span.context.trace_id
+    assert sse_span.context.trace_id != submit_span.context.trace_id
+
+
+async def test_metric_redis_errors_by_kind_when_redis_is_down(ctx, otel):
+    _, reader, providers = otel
+    port = free_port()  # nothing listens there: every command fails to connect
+    app = create_app(make_settings(), keys=ctx.keys, redis_url=f"redis://127.0.0.1:{port}/0", **providers)
+    runner = web.AppRunner(app, **RUNNER_KWARGS)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, bound = runner.addresses[0][:2]
+        url = f"http://{host}:{bound}/v1/streams/{ctx.sid}/events"
+        async with ctx.http.get(url, headers=bearer(API_KEY)) as resp:
+            assert resp.status == 503
+            assert (await resp.json())["type"].endswith("redis-unavailable")
+    finally:
+        await runner.cleanup()
+    assert total(reader, "fanout.redis.errors", kind="connection") == 1
+    assert total(reader, "fanout.redis.errors", kind="timeout") == 0

@@ -2,22 +2,49 @@
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import logging
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from schema.job import job_decoder, job_encoder
 from schema.keys import Keys
-from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, stored_events, submit, wait_done
+from tests.worker.support import (
+    GUARD_S,
+    fake_upstream,
+    make_job,
+    running_worker,
+    settings_for,
+    stored_events,
+    submit,
+    wait_done,
+    wait_for,
+)
+from worker.intake import Intake
+from worker.job_groups import read_job_groups, watch_job_groups
+from worker.otel_setup import exporter_names, redis_error_kind
 from worker.telemetry import METRICS, Telemetry
 
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = "simple_text_cyrillic_usage_chunk"
 ANTHROPIC = "simple_text_ping_and_padding"
 
@@ -78,28 +105,29 @@ async def test_metrics_count_events_terminals_and_latencies(redis_url: str, keys
     captured = Captured()
     stream_id = await _run(captured, redis_url, keys, redis_client, provider="anthropic", model=ANTHROPIC)
     stored = await stored_events(redis_client, keys, stream_id)
-    assert captured.total("fanout.worker.events_appended", provider="anthropic") == len(stored)
-    assert captured.total("fanout.worker.terminals", status="completed", category="none") == 1
-    (ttfd,) = captured.points("fanout.worker.time_to_first_delta")
-    (duration,) = captured.points("fanout.worker.stream_duration")
+    assert captured.total("fanout.events.appended", provider="anthropic") == len(stored)
+    assert captured.total("fanout.streams.ended", status="completed", category="none") == 1
+    (ttfd,) = captured.points("fanout.time_to_first_delta")
+    (duration,) = captured.points("fanout.stream.duration")
     assert ttfd[1].count == 1
     assert duration[1].count == 1
     assert 0 <= ttfd[1].sum <= duration[1].sum
 
 
-async def test_unknown_upstream_events_counted_by_name(redis_url: str, keys: Keys,
-                                                       redis_client: aioredis.Redis) -> None:
+async def test_unknown_upstream_events_counted_by_provider(redis_url: str, keys: Keys,
+                                                           redis_client: aioredis.Redis) -> None:
     captured = Captured()
     await _run(captured, redis_url, keys, redis_client, provider="anthropic", model=ANTHROPIC)
-    assert captured.total("fanout.worker.upstream_ignored", event="ping") >= 1
+    assert captured.total("fanout.upstream.ignored", provider="anthropic") >= 1
+    assert all(set(attrs) == {"provider"} for attrs, _ in captured.points("fanout.upstream.ignored"))
 
 
 async def test_retries_and_failure_category_counted(redis_url: str, keys: Keys,
                                                     redis_client: aioredis.Redis) -> None:
     captured = Captured()
     await _run(captured, redis_url, keys, redis_client, provider="gemini", model="status-429", max_retries=2)
-    assert captured.total("fanout.worker.upstream_retries", category="rate_limited") == 2
-    assert captured.total("fanout.worker.terminals", status="failed", category="rate_limited") == 1
+    assert captured.total("fanout.upstream.retries", category="rate_limited") == 2
+    assert captured.total("fanout.streams.ended", status="failed", category="rate_limited") == 1
     upstream = [s for s in captured.spans.get_finished_spans() if s.name == "fanout.upstream"]
     assert sorted(dict(s.attributes or {})["fanout.attempt"] for s in upstream) == [1, 2, 3]
     assert {dict(s.attributes or {})["http.response.status_code"] for s in upstream} == {429}
@@ -115,34 +143,193 @@ def test_instruments_are_documented() -> None:
 
 
 def test_default_exporters_are_noop() -> None:
-    telemetry = Telemetry.from_exporters()
-    with telemetry.job_span("st_x", "gemini", "m") as span:
+    telemetry = Telemetry.from_env({})
+    with telemetry.job_span(make_job("gemini", "m")) as span:
+        assert not span.is_recording()
+    assert not telemetry.metrics_enabled
+    telemetry.shutdown()
+
+
+CONSOLE_SCRIPT = """
+from tests.worker.support import make_job
+from worker.telemetry import Telemetry
+telemetry = Telemetry.from_env()
+job = make_job("gemini", "m", stream_id="st_console")
+with telemetry.job_span(job):
+    pass
+telemetry.events_appended(3, "gemini")
+telemetry.shutdown()
+"""
+
+
+def test_console_exporters_when_asked() -> None:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "console"}
+    done = subprocess.run([sys.executable, "-c", CONSOLE_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert '"name": "fanout.job"' in done.stdout
+    assert "st_console" in done.stdout
+    assert "fanout.events.appended" in done.stdout
+
+
+def test_sdk_disabled_exports_nothing() -> None:
+    telemetry = Telemetry.from_env({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"})
+    with telemetry.job_span(make_job("gemini", "m")) as span:
         assert not span.is_recording()
     telemetry.shutdown()
 
 
-def test_console_exporters_when_asked(capfd: pytest.CaptureFixture[str]) -> None:
-    telemetry = Telemetry.from_exporters(traces="console", metrics_exporter="console")
-    with telemetry.job_span("st_console", "gemini", "m") as span:
-        assert span.is_recording()
-    telemetry.events_appended(3, "gemini")
+def test_missing_exporter_package_is_one_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="fanout.otel"):
+        telemetry = Telemetry.from_env({"OTEL_TRACES_EXPORTER": "zipkin_json", "OTEL_METRICS_EXPORTER": "nope"})
+    with telemetry.job_span(make_job("gemini", "m")) as span:
+        assert not span.is_recording()
+    missing = [r.getMessage() for r in caplog.records if "otel_exporter_missing" in r.getMessage()]
+    assert len(missing) == 2
+    assert "asked=zipkin_json" in missing[0]
+    assert "fanout[otel]" in missing[0]
     telemetry.shutdown()
-    printed = capfd.readouterr().out
-    assert "st_console" in printed
-    assert "fanout.worker.events_appended" in printed
 
 
-def _otlp_installed() -> bool:
+def test_otlp_protocol_picks_the_entry_point() -> None:
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "otlp"}, "traces") == ["otlp_proto_grpc"]
+    http = {"OTEL_TRACES_EXPORTER": "otlp, console", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    assert exporter_names(http, "traces") == ["otlp_proto_http", "console"]
+    per_signal = {**http, "OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}
+    assert exporter_names(per_signal, "metrics") == ["otlp_proto_grpc"]
+    assert exporter_names({"OTEL_LOGS_EXPORTER": "none"}, "logs") == []
+    assert exporter_names({}, "metrics") == []
+
+
+def test_job_span_is_child_of_the_submitted_trace_context() -> None:
+    captured = Captured()
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    job = make_job("gemini", "m", trace_context={"traceparent": f"00-{trace_id}-{parent_id}-01"})
+    with captured.telemetry.job_span(job):
+        pass
+    (span,) = captured.spans.get_finished_spans()
+    assert span.context is not None
+    assert span.parent is not None
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert format(span.parent.span_id, "016x") == parent_id
+
+
+def test_job_span_without_trace_context_is_a_root() -> None:
+    captured = Captured()
+    with captured.telemetry.job_span(make_job("gemini", "m")):
+        pass
+    (span,) = captured.spans.get_finished_spans()
+    assert span.parent is None
+
+
+def test_redis_errors_sorted_by_kind() -> None:
+    cases = {
+        "connection": redis.exceptions.ConnectionError("refused"),
+        "timeout": redis.exceptions.TimeoutError("slow"),
+        "oom": redis.exceptions.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
+        "moved_ask": redis.exceptions.ResponseError("MOVED 3999 127.0.0.1:6381"),
+        "permanent": redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"),
+        "other": redis.exceptions.RedisError("odd"),
+    }
+    assert {kind: redis_error_kind(exc) for kind, exc in cases.items()} == {kind: kind for kind in cases}
+    captured = Captured()
+    for exc in cases.values():
+        captured.telemetry.redis_error(exc)
+    assert {attrs["kind"]: int(p.value) for attrs, p in captured.points("fanout.redis.errors")} == dict.fromkeys(
+        cases, 1)
+
+
+async def test_reclaimed_job_counted_and_worker_lost_is_a_terminal(redis_url: str, keys: Keys,
+                                                                   redis_client: aioredis.Redis) -> None:
+    intake = Intake(redis_client, keys, consumer="dead-1", lease_s=30)
+    await intake.ensure_group()
+    job = make_job("openai_chat", CHAT)
+    await submit(redis_client, keys, job)
+    assert len(await intake.read_new(1, block_ms=100)) == 1  # delivered to a consumer that never acks
+    captured = Captured()
+    async with fake_upstream() as (base, _state):
+        settings = settings_for(base, redis_url, keys, lease_s=0.3)
+        async with running_worker(settings, keys, telemetry=captured.telemetry, consumer="heir"):
+            await wait_done(redis_client, keys, job.stream_id)
+    assert captured.total("fanout.jobs.reclaimed") == 1
+    assert captured.total("fanout.jobs.claimed") == 1
+    assert captured.total("fanout.jobs.ended", outcome="done") == 1
+    assert captured.total("fanout.jobs.in_flight") == 0
+    assert captured.total("fanout.streams.ended", provider="openai_chat", status="completed") == 1
+
+
+async def _redis_version(client: aioredis.Redis) -> int:
+    return int(str((await client.info("server"))["redis_version"]).split(".")[0])
+
+
+async def test_job_groups_gauges_report_pending_and_lag_per_shard(keys: Keys, redis_client: aioredis.Redis) -> None:
+    intake = Intake(redis_client, keys, consumer="c-1", lease_s=30)
+    await intake.ensure_group()
+    for _ in range(3):
+        await submit(redis_client, keys, make_job("gemini", "m"))
+    assert len(await intake.read_new(1, block_ms=100)) == 1
+    captured = Captured()
+    missing = keys.jobs + "-absent"
+    await read_job_groups(redis_client, [("0", keys.jobs), ("1", missing)], captured.telemetry)
+    assert [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.pending")] == [({"shard": "0"}, 1)]
+    lag = [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.lag")]
+    assert lag == ([({"shard": "0"}, 2)] if await _redis_version(redis_client) >= 7 else [])
+    assert captured.total("fanout.redis.errors") == 0  # a shard stream not created yet is no error
+
+
+async def test_job_groups_poller_stops_with_the_worker_and_skips_without_metrics(
+        keys: Keys, redis_client: aioredis.Redis) -> None:
+    stop = asyncio.Event()
+    stop.set()
+    await asyncio.wait_for(watch_job_groups(redis_client, [("0", keys.jobs)], Telemetry(), interval_s=0.01,
+                                            stop=stop), GUARD_S)
+    captured = Captured()
+    stop.clear()
+    task = asyncio.create_task(watch_job_groups(redis_client, [("0", keys.jobs)], captured.telemetry,
+                                                interval_s=0.01, stop=stop))
+    await Intake(redis_client, keys, consumer="c-1", lease_s=30).ensure_group()
+    async def observed() -> bool:
+        return bool(captured.points("fanout.jobs.pending"))
+
+    await wait_for(observed)
+    stop.set()
+    await asyncio.wait_for(task, GUARD_S)
+
+
+class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:  # noqa: N802
+        self.requests.append(request)
+        return ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_exporter_reaches_a_grpc_receiver(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = TraceCollector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
     try:
-        return importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
-    except ModuleNotFoundError:
-        return False
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "fanout-worker-grpc-test")
+        telemetry = Telemetry.from_env({"OTEL_TRACES_EXPORTER": "otlp"})  # otlp = gRPC unless a protocol says
+        job = make_job("gemini", "m")
+        with telemetry.job_span(job):
+            pass
+        telemetry.shutdown()  # flushes the batch
+    finally:
+        server.stop(grace=None)
+    spans = [(rs.resource, span) for request in collector.requests for rs in request.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]
+    assert [span.name for _, span in spans] == ["fanout.job"]
+    resource, _ = spans[0]
+    assert {kv.key: kv.value.string_value for kv in resource.attributes}["service.name"] == "fanout-worker-grpc-test"
 
 
-@pytest.mark.skipif(_otlp_installed(), reason="an OTLP exporter is installed here")
-def test_otlp_without_exporter_package_falls_back_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="fanout.worker.telemetry"):
-        telemetry = Telemetry.from_exporters(traces="otlp", metrics_exporter="otlp")
-    with telemetry.job_span("st_x", "gemini", "m") as span:
-        assert not span.is_recording()
-    assert sum("otel_exporter_missing" in r.getMessage() for r in caplog.records) == 2
+def test_job_from_an_older_publisher_without_trace_context_decodes() -> None:
+    old = b'{"stream_id":"st_old","provider":"gemini","model":"m","request":{},"created_ms":1}'
+    job = job_decoder.decode(old)
+    assert job.trace_context == {}
+    assert job_decoder.decode(job_encoder.encode(job)) == job

@@ -167,11 +167,11 @@ async def test_http_error_is_stored_as_failed_stream(redis_url: str, keys: Keys,
 def test_settings_read_from_environment() -> None:
     settings = load_worker_settings({
         "FANOUT_IDLE_TIMEOUT_S": "1.5", "FANOUT_CONCURRENCY": "3", "REDIS_URL": "redis://r:6379/1",
-        "OTEL_TRACES_EXPORTER": "console", "FANOUT_GEMINI_FRAMING": "json_array", "FANOUT_MAX_RETRIES": "0",
+        "FANOUT_METRICS_POLL_S": "0.5", "FANOUT_GEMINI_FRAMING": "json_array", "FANOUT_MAX_RETRIES": "0",
         "OPENAI_API_KEY": "sk-not-a-setting",
     })
     assert (settings.idle_timeout_s, settings.concurrency, settings.redis_url) == (1.5, 3, "redis://r:6379/1")
-    assert settings.otel_traces_exporter == "console"
+    assert settings.metrics_poll_s == 0.5
     assert (settings.gemini_framing, settings.max_retries) == ("json_array", 0)
     assert "sk-not-a-setting" not in repr(settings)
     assert load_worker_settings({}, concurrency=7).concurrency == 7
