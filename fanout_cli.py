@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("publisher.client_cli", "submit a job over HTTP and optionally follow its stream"),
     "tail": ("publisher.client_cli", "follow a stream over SSE with automatic resume"),
     "demo": ("publisher.demo", "run the whole stack locally on recorded transcripts"),
+    "export": ("worker.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
     "health": ("worker.health_cli", "exit 0 when Redis (and FANOUT_HEALTH_URL, if set) answer: the container check"),
 }
 """Subcommand → (module defining ``add_arguments(parser)`` and ``run(args) -> int``, help)."""

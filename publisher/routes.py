@@ -15,6 +15,7 @@ from publisher.events import stream_events
 from publisher.settings import PublisherSettings
 from publisher.status import cancel, healthz, readyz, stream_status
 from publisher.submit import mint_token, submit
+from publisher.ui_stream import stream_ui
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -22,6 +23,7 @@ ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("POST", "/v1/streams", submit),
     ("GET", "/v1/streams/{stream_id}", stream_status),
     ("GET", "/v1/streams/{stream_id}/events", stream_events),
+    ("GET", "/v1/streams/{stream_id}/ui", stream_ui),
     ("POST", "/v1/streams/{stream_id}/cancel", cancel),
     ("POST", "/v1/streams/{stream_id}/tokens", mint_token),
     ("GET", "/healthz", healthz),

@@ -1,0 +1,233 @@
+"""``fanout export``: finished streams to NDJSON / Parquet through a consumer group, on a real Redis.
+
+Crash and restart are real: an export process killed with SIGKILL mid-way, then run again,
+and an in-process sink that fails between writing and committing a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from schema.contract import Event, StreamDone, Usage, encode_event
+from schema.keys import Keys
+from tests.publisher.helpers import StreamWriter, text_stream
+from worker.appender import summary_fields
+from worker.export import Exporter, Row
+from worker.export_cli import NdjsonSink, parse_since, repair_tail
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("model-a", "model-b", "model-c")
+
+
+def usage_done(event: Event, output_tokens: int) -> Event:
+    assert isinstance(event, StreamDone)
+    return StreamDone(stream_id=event.stream_id, seq=event.seq, ts=event.ts, status="completed",
+                      finish_reason="stop", provider_finish_reason="stop", response_id="r",
+                      model=event.model, usage=Usage(input_tokens=3, output_tokens=output_tokens))
+
+
+async def finish_stream(redis: aioredis.Redis, keys: Keys, model: str, output_tokens: int, *,
+                        keep_events: bool = True, summary_id: str = "*") -> tuple[str, list[Event]]:
+    """Store one finished stream's events and its ``P:done`` summary, as the worker does."""
+    sid = f"st_{uuid.uuid4().hex}"
+    events = text_stream(sid, 2)
+    events[-1] = usage_done(events[-1], output_tokens)
+    if keep_events:
+        writer = StreamWriter(redis, keys, sid)
+        await writer.meta(model=model)
+        await writer.append(*events, notify=False)
+    terminal = events[-1]
+    assert isinstance(terminal, StreamDone)
+    fields = summary_fields(terminal, provider="openai_chat", model=model, started_ms=terminal.ts - 50,
+                            first_delta_ms=terminal.ts - 40)
+    await redis.xadd(keys.done, dict(zip(fields[::2], fields[1::2], strict=True)), id=summary_id)
+    return sid, events
+
+
+class ListSink:
+    def __init__(self, fail_on_commit: int | None = None) -> None:
+        self.rows: list[Row] = []
+        self.committed: list[Row] = []
+        self.commits = 0
+        self.fail_on_commit = fail_on_commit
+
+    def write(self, rows: list[Row]) -> None:
+        self.rows += rows
+
+    def commit(self) -> None:
+        self.commits += 1
+        if self.commits == self.fail_on_commit:
+            raise OSError(28, "No space left on device")
+        self.committed += self.rows
+        self.rows = []
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_bytes().split(b"\n") if line]
+
+
+async def test_export_writes_summary_and_unchanged_events_of_every_finished_stream(
+    redis_client: aioredis.Redis, keys: Keys, tmp_path: Path,
+) -> None:
+    stored = [await finish_stream(redis_client, keys, MODELS[i % 3], 10 + i) for i in range(5)]
+    out = tmp_path / "export.ndjson"
+    sink = NdjsonSink(str(out))
+    assert await Exporter(redis_client, keys, sink).run() == 5
+    sink.close()
+    rows = lines(out)
+    assert all("stream_id" in row for row in rows)
+    for sid, events in stored:
+        summary = [r for r in rows if r["kind"] == "summary" and r["stream_id"] == sid]
+        assert len(summary) == 1
+        assert summary[0]["events"] == summary[0]["events_stored"] == len(events)
+        assert isinstance(summary[0]["output_tokens"], int)
+        exported = [r for r in rows if r["kind"] == "event" and r["stream_id"] == sid]
+        assert [r["seq"] for r in exported] == [e.seq for e in events]
+        assert [json.dumps(r["event"], separators=(",", ":"), ensure_ascii=False).encode() for r in exported] == [
+            encode_event(e) for e in events]
+    again = NdjsonSink(str(out))
+    assert await Exporter(redis_client, keys, again).run() == 0  # caught up: nothing new
+    again.close()
+
+
+async def test_a_batch_that_failed_before_its_commit_is_exported_by_the_next_run(
+    redis_client: aioredis.Redis, keys: Keys,
+) -> None:
+    sids = {(await finish_stream(redis_client, keys, "m", 1))[0] for _ in range(6)}
+    failing = ListSink(fail_on_commit=2)
+    with pytest.raises(OSError, match="No space"):
+        await Exporter(redis_client, keys, failing, batch=2).run()
+    again = ListSink()
+    await Exporter(redis_client, keys, again, batch=2).run()
+    exported = {r["stream_id"] for r in failing.committed + again.committed if r["kind"] == "summary"}
+    assert exported == sids
+    # 1 summary + 6 events per stream, nothing twice: the failed batch stayed pending, then went whole
+    assert len(failing.committed) + len(again.committed) == 6 * 7
+
+
+async def test_a_stream_whose_events_expired_gets_an_expired_row(redis_client: aioredis.Redis, keys: Keys) -> None:
+    sid, _events = await finish_stream(redis_client, keys, "m", 1, keep_events=False)
+    sink = ListSink()
+    await Exporter(redis_client, keys, sink).run()
+    expired = [r for r in sink.committed if r["kind"] == "expired"]
+    assert expired == [{"kind": "expired", "stream_id": sid, "events": 6, "events_stored": 0,
+                        "detail": "the stream's events expired before the export (FANOUT_STREAM_TTL_S)"}]
+
+
+async def test_since_skips_streams_that_finished_before_it(redis_client: aioredis.Redis, keys: Keys) -> None:
+    await finish_stream(redis_client, keys, "m", 1, summary_id="1000-0")
+    recent, _ = await finish_stream(redis_client, keys, "m", 1)
+    sink = ListSink()
+    await Exporter(redis_client, keys, sink, since_ms=parse_since("1h")).run()
+    assert {r["stream_id"] for r in sink.committed} == {recent}
+
+
+def test_parse_since_accepts_ms_iso_and_relative_times() -> None:
+    assert parse_since("1764500000000") == 1764500000000
+    assert parse_since("2026-12-01T00:00:00Z") == 1796083200000
+    assert parse_since("2026-12-01T00:00:00") == 1796083200000
+    assert parse_since("2h", now_ms=10_000_000) == 10_000_000 - 7_200_000
+    with pytest.raises(ValueError, match="Invalid isoformat"):
+        parse_since("yesterday")
+
+
+def test_repair_tail_cuts_a_line_left_without_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "out.ndjson"
+    path.write_bytes(b'{"a":1}\n{"b":2}\n{"c":')
+    repair_tail(path, step=4)
+    assert path.read_bytes() == b'{"a":1}\n{"b":2}\n'
+
+
+def _export_cmd(redis_url: str, keys: Keys, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "fanout_cli", "export", "--redis-url", redis_url, "--prefix", keys.prefix,
+            "--output", str(out), *extra]
+
+
+async def run_export(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``fanout export`` to its end; return (exit status, stderr)."""
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    _out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def test_export_killed_mid_way_then_rerun_loses_nothing(
+    redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
+) -> None:
+    sids = {(await finish_stream(redis_client, keys, "m", 1))[0] for _ in range(300)}
+    out = tmp_path / "export.ndjson"
+    proc = await asyncio.create_subprocess_exec(*_export_cmd(redis_url, keys, out, "--batch", "1"), cwd=ROOT,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    async with asyncio.timeout(60):
+        while not out.exists() or out.stat().st_size < 4096:  # noqa: ASYNC110 - a file grows: no event to wait on
+            await asyncio.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert await proc.wait() == -signal.SIGKILL
+    assert len({r["stream_id"] for r in lines(out) if r["kind"] == "summary"}) < len(sids)  # it died mid-way
+    with out.open("ab") as file:
+        file.write(b'{"kind":"summary","stream_')  # the torn last line of a crash
+    status, err = await run_export(_export_cmd(redis_url, keys, out))
+    assert status == 0, err
+    rows = lines(out)
+    assert {r["stream_id"] for r in rows if r["kind"] == "summary"} == sids
+    events = {(r["stream_id"], r["seq"]) for r in rows if r["kind"] == "event"}
+    assert events == {(sid, seq) for sid in sids for seq in range(1, 7)}
+
+
+async def test_duckdb_sums_usage_per_model_from_the_ndjson(
+    redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
+) -> None:
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is a dev dependency: make install")
+    expected: dict[str, int] = {}
+    for i in range(9):
+        model = MODELS[i % 3]
+        await finish_stream(redis_client, keys, model, 100 + i)
+        expected[model] = expected.get(model, 0) + 100 + i
+    out = tmp_path / "export.ndjson"
+    status, err = await run_export(_export_cmd(redis_url, keys, out))
+    assert status == 0, err
+    query = ("SELECT model, sum(output_tokens) FROM read_json_auto(?, format='newline_delimited') "
+             "WHERE kind = 'summary' GROUP BY model ORDER BY model")
+    assert dict(duckdb.connect().execute(query, [str(out)]).fetchall()) == expected
+
+
+async def test_parquet_export_writes_summaries_and_events(
+    redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is the parquet extra: make install")
+    sids = {(await finish_stream(redis_client, keys, "m", 5))[0] for _ in range(3)}
+    out = tmp_path / "parquet"
+    status, err = await run_export(_export_cmd(redis_url, keys, out, "--format", "parquet"))
+    assert status == 0, err
+    summaries = pq.read_table(out / "summaries").to_pylist()
+    events = pq.read_table(out / "events").to_pylist()
+    assert {s["stream_id"] for s in summaries} == sids
+    assert len(events) == 3 * 6
+    assert all(json.loads(e["event"])["seq"] == e["seq"] for e in events)
+
+
+def test_cli_errors_are_one_line_with_the_documented_status(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "fanout_cli", "export"]
+    bad_since = subprocess.run([*cmd, "--since", "yesterday"], cwd=ROOT, capture_output=True, text=True,
+                               check=False, timeout=60)
+    assert bad_since.returncode == 2
+    assert "--since 'yesterday' is not a time" in bad_since.stderr
+    assert "Traceback" not in bad_since.stderr
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    down = subprocess.run([*cmd, "-o", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=60, env=env)
+    assert down.returncode == 1
+    assert "Redis at redis://127.0.0.1:1/0 failed" in down.stderr
+    assert "Traceback" not in down.stderr

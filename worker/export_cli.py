@@ -1,0 +1,229 @@
+"""``fanout export``: finished streams to NDJSON (a file or stdout) or Parquet, resumable, at-least-once.
+
+See :mod:`worker.export` for the rows and the consumer-group protocol. NDJSON goes to
+``--output FILE`` (appended; a line cut by a crash is removed before the rerun writes
+again) or ``-`` (stdout). Parquet (``--format parquet``, needs the ``parquet`` extra:
+``pip install 'fanout[parquet]'``) goes to a directory: each batch is one
+``summaries/part-*.parquet`` and one ``events/part-*.parquet``, each renamed into place
+once complete. Exit status: 0 caught up (or stopped by SIGINT/SIGTERM with ``--follow``),
+1 Redis or the output failed (nothing acknowledged is lost: rerun), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Final
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from schema.keys import Keys
+from worker.export import Exporter, Row
+
+_RELATIVE: Final = re.compile(r"([0-9]+)([smhd])")
+_UNITS_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_encoder: Final = msgspec.json.Encoder()
+
+
+def parse_since(text: str, now_ms: int | None = None) -> int:
+    """Return ``--since`` as ms since the epoch.
+
+    Accepts ms since the epoch (``1764500000000``), an ISO 8601 time
+    (``2026-12-01T09:00:00Z``; UTC when it names no zone), or ``2h``/``30m``/``7d`` ago.
+
+    Raises:
+        ValueError: None of those forms.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if text.isdigit():
+        return int(text)
+    relative = _RELATIVE.fullmatch(text)
+    if relative:
+        return now - int(relative[1]) * _UNITS_S[relative[2]] * 1000
+    stamp = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return int(stamp.timestamp() * 1000)
+
+
+def repair_tail(path: Path, step: int = 65536) -> None:
+    """Cut a last line that a crash left without its newline (its batch was never acknowledged)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as file:
+        end = file.seek(0, os.SEEK_END)
+        file.seek(end - 1)
+        if file.read(1) == b"\n":
+            return
+        keep, position = 0, end
+        while position > 0:
+            start = max(0, position - step)
+            file.seek(start)
+            cut = file.read(position - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            position = start
+        file.truncate(keep)
+
+
+class NdjsonSink:
+    """One JSON object per line, to a file (fsynced at each commit) or to stdout (``-``)."""
+
+    def __init__(self, output: str) -> None:
+        self.sync = output != "-"
+        if self.sync:
+            repair_tail(Path(output))
+            self.file: IO[bytes] = Path(output).open("ab")  # noqa: SIM115 - closed by close()
+        else:
+            self.file = sys.stdout.buffer
+
+    def write(self, rows: list[Row]) -> None:
+        """Write the rows as lines."""
+        self.file.write(b"".join(_encoder.encode(row) + b"\n" for row in rows))
+
+    def commit(self) -> None:
+        """Flush, and fsync a file."""
+        self.file.flush()
+        if self.sync:
+            os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        """Close a file (stdout stays open)."""
+        if self.sync:
+            self.file.close()
+
+
+class ParquetSink:
+    """Each committed batch as ``summaries/part-*.parquet`` and ``events/part-*.parquet`` under a directory."""
+
+    def __init__(self, output: str) -> None:
+        import pyarrow  # noqa: PLC0415 - optional extra
+        import pyarrow.parquet  # noqa: PLC0415
+
+        self.pa, self.pq = pyarrow, pyarrow.parquet
+        self.root = Path(output)
+        for part in ("summaries", "events"):
+            (self.root / part).mkdir(parents=True, exist_ok=True)
+        self.rows: list[Row] = []
+
+    def write(self, rows: list[Row]) -> None:
+        """Buffer the rows of the batch."""
+        self.rows += rows
+
+    def commit(self) -> None:
+        """Write the batch's two files under temporary names, fsync, rename them into place."""
+        name = f"part-{time.time_ns()}.parquet"
+        summaries = [r for r in self.rows if r["kind"] == "summary"]
+        expired = {r["stream_id"]: r["detail"] for r in self.rows if r["kind"] == "expired"}
+        summaries = [{**{k: v for k, v in r.items() if k != "kind"}, "expired_detail": expired.get(r["stream_id"])}
+                     for r in summaries]
+        events = [{"stream_id": r["stream_id"], "seq": r["seq"], "event": bytes(r["event"]).decode()}
+                  for r in self.rows if r["kind"] == "event"]
+        self._write("summaries", name, summaries)
+        self._write("events", name, events)
+        self.rows = []
+
+    def _write(self, part: str, name: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        final = self.root / part / name
+        temp = final.with_suffix(".tmp")
+        self.pq.write_table(self.pa.Table.from_pylist(rows), temp)
+        with temp.open("rb") as file:
+            os.fsync(file.fileno())
+        temp.replace(final)
+
+    def close(self) -> None:
+        """Nothing is left open between batches."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Declare the ``export`` options."""
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument("--output", "-o", default="-", help="NDJSON file (appended) or - for stdout; "
+                        "a directory for parquet")
+    parser.add_argument("--format", choices=["ndjson", "parquet"], default="ndjson", help="output format")
+    parser.add_argument("--since", default=None, help="only streams finished since: ms since the epoch, "
+                        "an ISO 8601 time, or 2h / 30m / 7d ago")
+    parser.add_argument("--group", default="export", help="consumer group on P:done: its position is the checkpoint")
+    parser.add_argument("--follow", action="store_true", help="keep exporting streams as they finish")
+    parser.add_argument("--redis-url", default=None, help="Redis URL (default: REDIS_URL)")
+    parser.add_argument("--prefix", default=None, help="key prefix (default: FANOUT_REDIS_PREFIX or fanout)")
+    parser.add_argument("--batch", type=int, default=100, help="summaries per read and per durable write")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the export; return the exit status of the module docstring."""
+    try:
+        since_ms = parse_since(args.since) if args.since else 0
+    except ValueError:
+        sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
+                         "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
+        return 2
+    if args.format == "parquet" and args.output == "-":
+        sys.stderr.write("fanout export: --format parquet needs --output DIRECTORY\n")
+        return 2
+    try:
+        parquet = args.format == "parquet"
+        sink: NdjsonSink | ParquetSink = ParquetSink(args.output) if parquet else NdjsonSink(args.output)
+    except ImportError:
+        sys.stderr.write("fanout export: --format parquet needs pyarrow: pip install 'fanout[parquet]'\n")
+        return 2
+    except OSError as exc:
+        sys.stderr.write(f"fanout export: cannot open {args.output}: {exc.strerror}\n")
+        return 2
+    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
+    keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
+    try:
+        count = asyncio.run(_export(url, keys, sink, args, since_ms))
+    except redis.exceptions.RedisError as exc:
+        sys.stderr.write(f"fanout export: Redis at {url} failed: {exc}; nothing acknowledged is lost, run again\n")
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"fanout export: writing {args.output} failed: {exc.strerror}; run again\n")
+        return 1
+    finally:
+        sink.close()
+    sys.stderr.write(f"fanout export: {count} streams exported to {args.output}\n")
+    return 0
+
+
+async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: argparse.Namespace,
+                  since_ms: int) -> int:
+    from tqdm import tqdm  # noqa: PLC0415 - only for a terminal
+
+    client = aioredis.Redis.from_url(url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    bar = tqdm(unit=" streams", file=sys.stderr, disable=not sys.stderr.isatty(), desc="export")
+    try:
+        exporter = Exporter(client, keys, sink, group=args.group, since_ms=since_ms, batch=max(1, args.batch),
+                            on_progress=bar.update)
+        await exporter.ensure_group()
+        bar.total = await exporter.lag()
+        task = asyncio.create_task(exporter.run(follow=args.follow, stop=stop))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():  # a signal: the current batch finishes or stays pending
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return exporter.exported
+        stopped.cancel()
+        return task.result()
+    finally:
+        bar.close()
+        await client.aclose()
