@@ -30,8 +30,10 @@ STARTED=$SECONDS
 # set: keep the shell's open-files limit and a process limit well under the machine's.
 RUN_OPTS=(--runtime runc --ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit nproc=4096:4096)
 
+PASSED=0
 say() { printf 'image-check: %s\n' "$*"; }
-fail() { say "FAILED: $*"; exit 1; }
+ok() { PASSED=$((PASSED + 1)); say "ok: $*"; }
+fail() { say "FAILED: $*"; say "$PASSED passed, 1 failed"; exit 1; }
 cannot() { say "cannot run here: $*"; exit 2; }
 step() { say "$1 (${SECONDS}s)"; }
 
@@ -77,6 +79,7 @@ fi
 podman run --rm "${RUN_OPTS[@]}" --network none "$BASE" python3 -c \
   'import sys, venv, ensurepip; assert sys.version_info[:2] == (3, 11), sys.version' \
   || fail "$BASE has no Python 3.11 with venv"
+ok "$BASE runs Python 3.11 with venv and ensurepip"
 
 # --- build: the Dockerfile as it is; the host's pip trust settings are mounted ----------
 # pip in the build stage reaches PyPI as this machine's pip does: the same CA bundle
@@ -96,6 +99,7 @@ buildah bud --quiet --pull=never --format docker --runtime runc --network host \
   "${volumes[@]}" -t "$IMAGE" -f Dockerfile . > "$WORK/build.log" 2>&1 \
   || { tail -40 "$WORK/build.log"; fail "the image did not build (log above)"; }
 build_s=$SECONDS
+ok "the Dockerfile built with --pull=never on $BASE"
 
 # --- run: Redis, upstream, worker, publisher ---------------------------------------------
 free_port() {
@@ -141,12 +145,13 @@ healthy() {  # the image's HEALTHCHECK (fanout health), run by podman
 }
 check=$(podman image inspect --format '{{json .HealthCheck.Test}}' "$IMAGE")
 [ "$check" = '["CMD","fanout","health"]' ] || fail "the image's HEALTHCHECK is $check, not fanout health"
+ok "the image's HEALTHCHECK runs fanout health"
 for role in worker publisher; do
   healthy "$role" || fail "$role health check (fanout health) did not pass within 30 s"
-  say "$role: health check passed"
+  ok "$role: health check passed"
   uid=$(podman exec "$NAME-$role" id -u)
   [ "$uid" = "$UID_EXPECTED" ] || fail "$role runs as uid $uid, not $UID_EXPECTED"
-  say "$role: runs as uid $uid"
+  ok "$role: runs as uid $uid"
 done
 
 # --- one stream end to end ---------------------------------------------------------------
@@ -164,11 +169,12 @@ curl -sS -N --max-time 30 "$URL/v1/streams/$STREAM_ID/events" -H "Authorization:
 events=$(grep -c '^event: ' "$WORK/events.sse" || true)
 grep -q '^event: stream.done$' "$WORK/events.sse" || {
   tail -20 "$WORK/events.sse"; podman logs --tail 20 "$NAME-worker"; fail "no stream.done in the SSE response"; }
-say "stream $STREAM_ID: $events events over SSE, ending with $(grep '^event: ' "$WORK/events.sse" | tail -1)"
+ok "stream $STREAM_ID: $events events over SSE, ending with $(grep '^event: ' "$WORK/events.sse" | tail -1)"
 
 # The health check is not vacuous: without Redis it fails.
 kill "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true; REDIS_PID=""
 if podman healthcheck run "$NAME-worker" >/dev/null 2>&1; then fail "worker health check passes with Redis stopped"; fi
-say "worker: health check fails with Redis stopped, as it should"
+ok "worker: health check fails with Redis stopped"
 
-say "passed in $((SECONDS - STARTED)) s (base and build $((build_s - STARTED)) s)"
+say "took $((SECONDS - STARTED)) s (base and build $((build_s - STARTED)) s)"
+say "$PASSED passed, 0 failed"
