@@ -61,6 +61,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM   # so that the EXIT trap cleans up on Ctrl-C and SIGTERM too
 
 # --- base image: mmdebstrap of bookworm, cached as a tarball and as the tag -------------
 if [ "${FANOUT_IMAGE_REBASE:-0}" != 1 ] && podman image exists "$BASE"; then
