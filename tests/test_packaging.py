@@ -1,9 +1,10 @@
 """The wheel the Dockerfile installs carries everything the services need, and the image is sound.
 
-No Docker engine runs here, so the image build itself is not exercised; these tests check
-what it depends on: the files it copies exist, the wheel (``pip install .`` in the build
-stage) holds the packages, the CLI module, the JSON Schema and the demo page, and the
-final stage is non-root with the ``fanout`` entry point and a health check.
+No Docker engine runs here; ``make image-check`` (root, ``scripts/image_check.sh``) builds
+and runs the image with buildah and podman. These tests, which need neither, check what it
+depends on: the files it copies exist, the wheel (``pip install .`` in the build stage)
+holds the packages, the CLI module, the JSON Schema and the demo page, and the final stage
+is non-root with the ``fanout`` entry point and a health check.
 """
 
 from __future__ import annotations

@@ -76,6 +76,14 @@ Role-specific settings live in the ConfigMap (envFrom), secrets come from secret
 - name: {{ $name }}
   value: {{ $value | quote }}
 {{- end }}
+{{- if $root.Values.metrics.enabled }}
+- name: OTEL_METRICS_EXPORTER
+  value: prometheus
+- name: OTEL_EXPORTER_PROMETHEUS_HOST
+  value: "0.0.0.0"
+- name: OTEL_EXPORTER_PROMETHEUS_PORT
+  value: {{ $root.Values.metrics.port | quote }}
+{{- end }}
 {{- with $root.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -100,7 +108,35 @@ Role-specific settings live in the ConfigMap (envFrom), secrets come from secret
 {{- if not (hasPrefix "OTEL_" $name) }}
 {{- fail (printf "otel.%s: only OTEL_* variables belong in otel (use extraEnv)" $name) }}
 {{- end }}
+{{- if and $.Values.metrics.enabled (has $name (list "OTEL_METRICS_EXPORTER" "OTEL_EXPORTER_PROMETHEUS_HOST" "OTEL_EXPORTER_PROMETHEUS_PORT")) }}
+{{- fail (printf "otel.%s: metrics.enabled sets it; drop one of the two" $name) }}
 {{- end }}
+{{- end }}
+{{- if hasKey .Values.config "FANOUT_REDIS_CLUSTER" }}
+{{- fail "config.FANOUT_REDIS_CLUSTER: set redis.cluster instead" }}
+{{- end }}
+{{- if lt (int (include "fanout.jobShards" .)) 1 }}
+{{- fail "config.FANOUT_JOB_SHARDS must be a whole number of at least 1" }}
+{{- end }}
+{{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.publisher.port)) }}
+{{- fail "metrics.port must differ from publisher.port" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled (the scrape port)" }}
+{{- end }}
+{{- if .Values.keda.enabled }}
+{{- if .Values.worker.autoscaling.enabled }}
+{{- fail "keda.enabled and worker.autoscaling.enabled both create an HPA for the workers: choose one" }}
+{{- end }}
+{{- if not .Values.keda.address }}
+{{- fail "keda.address: KEDA needs host:port of Redis (it cannot read REDIS_URL)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Jobs streams (FANOUT_JOB_SHARDS in config; the code's default is 1). */}}
+{{- define "fanout.jobShards" -}}
+{{- index .Values.config "FANOUT_JOB_SHARDS" | default 1 | int }}
 {{- end }}
 
 {{/* Pod-level settings shared by both Deployments. Argument: the component's values. */}}
