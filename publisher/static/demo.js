@@ -53,7 +53,8 @@ function blockElement(index, b) {
     head.appendChild(document.createElement("span")).className = "meta call-id";
     el.appendChild(document.createElement("pre")).className = "args";
   } else {
-    el.appendChild(document.createElement("div")).className = "body";
+    const body = el.appendChild(document.createElement("div"));
+    body.className = "body"; body.dir = "auto";   // right-to-left answers read right to left
   }
   const after = [...container.children].find((c) => Number(c.dataset.index) > index);
   container.insertBefore(el, after || null);
@@ -93,7 +94,7 @@ function render() {
   $("drop").disabled = !source || Boolean(state.terminal);
   $("outcome").textContent = outcome();
   const log = $("log");
-  while (log.children.length < state.log.length) log.appendChild(document.createElement("li")).textContent = state.log[log.children.length];
+  for (let i = log.children.length; i < state.log.length; i += 1) log.appendChild(document.createElement("li")).textContent = state.log[i];
 }
 
 function outcome() {

@@ -178,12 +178,17 @@ async def test_drop_resumes_from_last_seq_and_status_returns_to_streaming(stack:
         assert await page.inner_text("#resumed") == f"resumed after seq {held}"
         assert not await page.is_disabled("#drop")
         state = await finished_state(page)
+        log = await page.locator("#log li").all_text_contents()
         if SCREENSHOTS:
+            await page.click("#stream summary.meta")  # open the connection log
             await page.screenshot(path=f"{SCREENSHOTS}/demo-end.png", full_page=True)
     event_requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
     assert len(event_requests) == 2, event_requests
     assert f"last_event_id={held}" in event_requests[1]
     assert state["resumes"] == [held]
+    assert log == ["connection 1 open", f"seq 1 stream.start: {provider} slow-{case}",
+                   f"dropped the connection after seq {held}; resuming from it",
+                   f"connection 2 open: resumed after seq {held}", f"seq {state['lastSeq']} stream.done: completed"]
     assert state["status"] == "completed"
     assert state["texts"] == golden_blocks(directory, case)
     assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
