@@ -6,8 +6,9 @@ Starts Redis (``REDIS_URL``, else an embedded server), ``fanout upstream`` repla
 every stream over SSE with a live progress view; drops one reader mid-stream and
 resumes it with ``Last-Event-ID``; prints a summary table; and exits 0 only when every
 stream's assembled result equals the one its transcript's golden events assemble to.
-Every process it started is stopped on the way out (``--keep-running`` leaves the
-stack up and prints the demo page URL).
+Every process it started is stopped on the way out. With ``--keep-running`` it first
+prints the publisher URL, an API key, the demo page (where a person starts, drops and
+resumes streams), the Redis URL and the key prefix, and leaves the stack up afterwards.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
 
-from publisher.client import FanoutClient, Submission
+from publisher.client import FanoutClient
+from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
+from schema.job import Provider
 from schema.reducer import reduce
 from worker.embedded_redis import redis_url
 from worker.replay import replay_file
@@ -36,7 +40,7 @@ from worker.replay import replay_file
 ROOT: Final = Path(__file__).resolve().parents[1]
 TRANSCRIPTS: Final = ROOT / "transcripts"
 
-DEMO_CASES: Final[tuple[tuple[str, str, str], ...]] = (
+DEMO_CASES: Final[tuple[tuple[Provider, str, str], ...]] = (
     ("openai_chat", "openai_chat", "simple_text_greek_usage_chunk"),
     ("openai_chat", "openai_chat", "ollama_parallel_calls_index_zero"),
     ("openai_chat", "openai_chat", "reasoning_text_tool_call_blocks"),
@@ -57,7 +61,8 @@ DROP_AFTER_EVENTS: Final = 4
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``demo`` options."""
-    parser.add_argument("--keep-running", action="store_true", help="leave the stack up and print the demo page URL")
+    parser.add_argument("--keep-running", action="store_true",
+                        help="print the URLs, API key, Redis URL and key prefix first; leave the stack up after")
     parser.add_argument("--delay-ms", type=int, default=40, help="upstream pause between chunks (ms)")
     parser.add_argument("--chunk-bytes", type=int, default=96, help="upstream chunk size (bytes)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="give up on the demo after this long")
@@ -82,43 +87,66 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     with redis_url() as url:
-        sys.stdout.write(f"redis: {'REDIS_URL' if os.environ.get('REDIS_URL') else 'embedded server'}\n")
+        source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
+        sys.stdout.write(f"redis: {source}\n")
         prefix = os.environ.get("FANOUT_REDIS_PREFIX")
         with LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix) as stack:
             sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+            if args.keep_running:
+                sys.stdout.write(announcement(stack, url, source) + "\n")
+                sys.stdout.flush()
             try:
-                code, last = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
+                code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
             except TimeoutError:
                 sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
                 return 1
             if args.keep_running:
                 with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: the normal way to stop
-                    _announce(stack, last)
+                    sys.stdout.write(f"\nthe stack is still running: {stack.base_url}/demo "
+                                     "(Ctrl-C or SIGTERM stops it)\n")
+                    sys.stdout.flush()
                     while stack.alive():
                         time.sleep(1)
             return code
 
 
-def _announce(stack: LocalStack, last: Submission | None) -> None:
-    page = f"{stack.base_url}/demo"
-    if last is not None:
-        page += f"?stream_id={last.stream_id}&token={last.token}"
-    sys.stdout.write(f"\nstack running (Ctrl-C or SIGTERM stops it)\n  publisher: {stack.base_url}\n"
-                     f"  API key:   {stack.api_key}\n  demo page: {page}\n"
-                     f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key}\n"
-                     "  models: any case name in transcripts/<provider dir>/ (prefix slow- to pace it)\n")
+def announcement(stack: LocalStack, url: str, source: str) -> str:
+    """Return what a person needs to use the running stack: URLs, API key, Redis and key prefix.
+
+    Printed before the demo streams start. The Redis URL's password, if any, is masked
+    (it is the one in ``REDIS_URL``).
+    """
+    shown = _mask_password(url)
+    attach = f"redis-cli -s {url.removeprefix('unix://')}" if url.startswith("unix://") else f"redis-cli -u {shown}"
+    return (f"\nstack running (Ctrl-C or SIGTERM stops it)\n"
+            f"  publisher:  {stack.base_url}\n"
+            f"  API key:    {stack.api_key}\n"
+            f"  demo page:  {stack.base_url}/demo  (pick a recorded case, start it, drop and resume it)\n"
+            f"  redis:      {shown}  ({source})\n"
+            f"  key prefix: {stack.prefix}  (events: {stack.prefix}:{{<stream_id>}}:events, "
+            f"finished streams: {stack.prefix}:done)\n"
+            f"  consumer:   {attach} XREAD BLOCK 0 STREAMS '{stack.prefix}:done' '$'\n"
+            f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key}\n"
+            "  models: any case name in transcripts/<provider dir>/ (prefix slow- to pace it)\n")
 
 
-async def _demo(stack: LocalStack) -> tuple[int, Submission | None]:
+def _mask_password(url: str) -> str:
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
+
+
+async def _demo(stack: LocalStack) -> int:
     view = ProgressView(sys.stdout)
     async with aiohttp.ClientSession() as session:
         client = FanoutClient(stack.base_url, api_key=stack.api_key, session=session)
         runs = [CaseRun(provider=p, directory=d, case=c) for p, d, c in DEMO_CASES]
-        last: Submission | None = None
         for run_ in runs:
-            last = await client.submit(provider=run_.provider, model=run_.case, request=_request(run_.provider),
-                                       metadata={"demo_case": f"{run_.directory}/{run_.case}"})
-            run_.stream_id = last.stream_id
+            sub = await client.submit(provider=run_.provider, model=run_.case, request=demo_request(run_.provider),
+                                      metadata={"demo_case": f"{run_.directory}/{run_.case}"})
+            run_.stream_id = sub.stream_id
         view.start(runs)
         await asyncio.gather(*(_follow(client, run_, view=view) for run_ in runs))
         view.finish()
@@ -129,18 +157,7 @@ async def _demo(stack: LocalStack) -> tuple[int, Submission | None]:
     for run_ in bad:
         sys.stdout.write(f"MISMATCH {run_.directory}/{run_.case} ({run_.stream_id}): {'; '.join(run_.differences)}\n")
     sys.stdout.write(f"{len(runs) - len(bad)}/{len(runs)} streams match their golden results\n")
-    return (1 if bad else 0), last
-
-
-def _request(provider: str) -> dict[str, Any]:
-    prompt = "Replay the recorded demo answer."
-    if provider == "openai_responses":
-        return {"input": prompt}
-    if provider == "gemini":
-        return {"contents": [{"role": "user", "parts": [{"text": prompt}]}]}
-    if provider == "anthropic":
-        return {"max_tokens": 1024, "messages": [{"role": "user", "content": prompt}]}
-    return {"messages": [{"role": "user", "content": prompt}]}
+    return 1 if bad else 0
 
 
 async def _follow(client: FanoutClient, run_: CaseRun, *, view: ProgressView) -> None:

@@ -8,12 +8,13 @@ from typing import TextIO
 import msgspec
 
 from schema.contract import Event, StreamDone, StreamError, StreamStart
+from schema.job import Provider
 
 
 class CaseRun(msgspec.Struct, kw_only=True):
     """One demo stream: what was submitted and everything its reader received."""
 
-    provider: str
+    provider: Provider
     directory: str
     case: str
     stream_id: str = ""

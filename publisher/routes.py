@@ -1,16 +1,16 @@
 """The route table: every route the publisher serves, in one place (mirrored by ``openapi.json``).
 
-The static demo page plugs in at :func:`add_optional_routes`, behind ``FANOUT_DEMO_PAGE=1``.
+The demo page and its routes plug in at :func:`add_optional_routes`, behind ``FANOUT_DEMO_PAGE=1``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
+from publisher.demo_routes import add_demo_routes
 from publisher.events import stream_events
 from publisher.settings import PublisherSettings
 from publisher.status import cancel, healthz, readyz, stream_status
@@ -39,17 +39,7 @@ def setup_routes(app: web.Application, settings: PublisherSettings) -> None:
     add_optional_routes(app, settings)
 
 
-DEMO_PAGE: Final = Path(__file__).with_name("static") / "demo.html"
-"""The demo page: native EventSource, blocks by index, a control that drops the connection."""
-
-
-async def demo_page(request: web.Request) -> web.StreamResponse:
-    """Serve the demo page (``GET /demo?stream_id=...&token=...``); it reads the stream itself."""
-    headers = {"Cache-Control": "no-cache", "Content-Type": "text/html; charset=utf-8"}
-    return web.FileResponse(DEMO_PAGE, headers=headers)
-
-
 def add_optional_routes(app: web.Application, settings: PublisherSettings) -> None:
-    """Register routes behind feature flags: ``GET /demo`` when ``FANOUT_DEMO_PAGE=1``."""
+    """Register routes behind feature flags: :mod:`publisher.demo_routes` when ``FANOUT_DEMO_PAGE=1``."""
     if settings.demo_page:
-        app.router.add_route("GET", "/demo", demo_page)
+        add_demo_routes(app)

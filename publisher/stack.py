@@ -58,6 +58,7 @@ class LocalStack:
         workers: How many ``fanout worker`` processes to start.
         delay_ms: Upstream pause between chunks, so bodies really stream.
         chunk_bytes: Upstream chunk size.
+        slow_delay_ms: Upstream pause between chunks of ``slow-<case>`` models.
         prefix: Redis key prefix (default: a fresh random one, isolating this stack).
         env: Extra environment for every process (overrides the defaults).
     """
@@ -69,11 +70,12 @@ class LocalStack:
         workers: int = 2,
         delay_ms: int = 40,
         chunk_bytes: int = 96,
+        slow_delay_ms: int = 1000,
         prefix: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.redis_url, self.workers = redis_url, workers
-        self.delay_ms, self.chunk_bytes = delay_ms, chunk_bytes
+        self.delay_ms, self.chunk_bytes, self.slow_delay_ms = delay_ms, chunk_bytes, slow_delay_ms
         self.prefix = prefix or f"fanout-stack-{secrets.token_hex(4)}"
         self.api_key = f"key-{secrets.token_hex(8)}"
         self.upstream_port, self.publisher_port = free_port(), free_port()
@@ -113,7 +115,8 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         env = self.env()
         fanout = [sys.executable, "-m", "fanout_cli"]
-        pacing = ["--delay-ms", str(self.delay_ms), "--chunk-bytes", str(self.chunk_bytes)]
+        pacing = ["--delay-ms", str(self.delay_ms), "--chunk-bytes", str(self.chunk_bytes),
+                  "--slow-delay-ms", str(self.slow_delay_ms)]
         try:
             upstream = self._spawn("upstream", [*fanout, "upstream", "--host", "127.0.0.1",
                                                 "--port", str(self.upstream_port), *pacing], env)

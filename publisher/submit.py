@@ -119,8 +119,21 @@ async def submit(request: web.Request) -> web.Response:
             ``invalid-field``), 409 (``stream-id-conflict``).
     """
     require_api_key(request)
+    sub = parse_submission(await read_body(request, request.app[SETTINGS].max_body_bytes))
+    body = await accept_submission(request, sub)
+    return web.json_response(body, status=201, headers={"Location": body["status_url"]})
+
+
+async def accept_submission(request: web.Request, sub: Submission) -> dict[str, Any]:
+    """Store and enqueue a validated job; return the ``201`` body of :func:`submit`.
+
+    The caller has already checked who may submit (:func:`submit`: an API key; the demo
+    route: demo mode and its own page).
+
+    Raises:
+        ProblemError: 409 (``stream-id-conflict``).
+    """
     settings = request.app[SETTINGS]
-    sub = parse_submission(await read_body(request, settings.max_body_bytes))
     stream_id = sub.stream_id or new_stream_id()
     now_ms = int(time.time() * 1000)
     outcome = await _create_meta(request, stream_id, sub, now_ms)
@@ -132,8 +145,7 @@ async def submit(request: web.Request) -> web.Response:
         detail = "the stream id is taken by a job with another body" if outcome == "conflict" else (
             "the stream id belonged to an earlier job whose history expired")
         raise ProblemError("stream-id-conflict", detail, extensions={"stream_id": stream_id})
-    body = {"stream_id": stream_id, **_urls(stream_id), **_token(settings, stream_id, "public")}
-    return web.json_response(body, status=201, headers={"Location": body["status_url"]})
+    return {"stream_id": stream_id, **_urls(stream_id), **_token(settings, stream_id, "public")}
 
 
 class _TokenRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -9,6 +9,7 @@ is non-root with the ``fanout`` entry point and a health check.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -37,6 +38,26 @@ def test_wheel_holds_packages_cli_schema_and_demo_page(wheel: zipfile.ZipFile) -
                      "publisher/static/demo.html"):
         assert required in names, required
     assert not any(name.startswith("tests/") for name in names)
+
+
+def test_wheel_holds_every_demo_asset_and_the_vendored_licenses(wheel: zipfile.ZipFile) -> None:
+    from publisher.demo_routes import ASSETS
+
+    names = set(wheel.namelist())
+    for path in ASSETS.values():
+        assert path.relative_to(ROOT).as_posix() in names, path
+    for license_file in ("marked.LICENSE", "dompurify.LICENSE", "dompurify.LICENSE-MPL", "README.md"):
+        assert f"publisher/static/vendor/{license_file}" in names, license_file
+
+
+def test_vendored_libraries_are_the_npm_files_their_readme_names() -> None:
+    vendor = ROOT / "publisher" / "static" / "vendor"
+    readme = (vendor / "README.md").read_text(encoding="utf-8")
+    for name, banner, version in (("marked.umd.js", "marked v", "18.2.1"), ("purify.min.js", "DOMPurify ", "3.5.0")):
+        data = (vendor / name).read_bytes()
+        assert f"`{name}` `{hashlib.sha256(data).hexdigest()}`" in readme, f"{name} changed without its README row"
+        assert f"{banner}{version}".encode() in data[:400], name
+        assert f"| {version} |" in readme
 
 
 def test_wheel_declares_the_fanout_console_script(wheel: zipfile.ZipFile) -> None:

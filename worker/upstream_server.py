@@ -147,6 +147,16 @@ def _find(roots: tuple[Path, ...], provider_dir: str, case: str) -> Path | None:
                  if (root / provider_dir / f"{case}.sse").is_file()), None)
 
 
+def case_names(roots: tuple[Path, ...], provider_dir: str) -> list[str]:
+    """Return the cases this server answers for ``provider_dir``, sorted; empty when none.
+
+    A case is ``<root>/<provider_dir>/<case>.sse`` in any root, named as :func:`_find` accepts
+    (``slow-``/``fail<N>-`` forms of each are answered too, and are not listed).
+    """
+    stems = {path.stem for root in roots for path in (root / provider_dir).glob("*.sse")}
+    return sorted(stem for stem in stems if _find(roots, provider_dir, stem) is not None)
+
+
 def _error(provider_dir: str, status: int, message: str, *, code: str | None = None) -> web.Response:
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
     return web.Response(status=status, body=error_body(provider_dir, status, message, code=code),

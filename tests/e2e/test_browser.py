@@ -1,9 +1,17 @@
-"""The demo page in a real Chromium (Debian's, driven by Playwright): streams, drops, resumes.
+"""The demo page in a real Chromium (Debian's, driven by Playwright): start, stream, drop, resume.
 
-The whole stack runs as real processes (upstream replaying a transcript, two workers, the
-publisher). The page uses native ``EventSource``; a loopback proxy cuts its first
-connection mid-stream, the browser reconnects by itself with ``Last-Event-ID``, and the
-final page equals the transcript's golden result, no delta missing or doubled.
+The whole stack runs as real processes (upstream replaying transcripts, two workers, the
+publisher in demo mode). A person's path is driven through the page itself: pick a
+provider and a recorded case, start it (``POST /demo/streams``), watch it render, drop the
+connection and see it resume from the last seq held. The page uses native
+``EventSource``; a loopback proxy cuts a connection mid-stream, the browser reconnects by
+itself with ``Last-Event-ID``, and the final page equals the transcript's golden result,
+no delta missing or doubled. Model text containing HTML is shown, never executed.
+
+Pages are opened with ``bypass_csp`` because Playwright's ``wait_for_function`` evaluates
+strings, which the page's Content-Security-Policy forbids; the sanitizer is then the only
+guard the unsafe-HTML test exercises (``tests/publisher/test_demo_routes.py`` checks the
+CSP header).
 """
 
 from __future__ import annotations
@@ -26,7 +34,11 @@ from worker.replay import replay_file
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FANOUT_CHROMIUM", "/usr/bin/chromium")
 CASE = ("anthropic", "anthropic", "thinking_with_signature")
+MARKDOWN_CASE = ("gemini", "gemini_sse", "thought_text_call_blocks")
+UNSAFE_CASE = "model_writes_html"
 TERMINAL = ("completed", "incomplete", "failed", "interrupted", "cancelled")
+SCREENSHOTS = os.environ.get("FANOUT_SCREENSHOTS")
+"""When set, a directory where the drop-and-resume test saves its page mid-stream and at the end."""
 
 async_playwright = pytest.importorskip("playwright.async_api", reason="playwright is a dev dependency").async_playwright
 pytestmark = pytest.mark.skipif(
@@ -35,9 +47,35 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _chunk(content: str | None, finish: str | None = None) -> str:
+    delta = {} if content is None else {"content": content}
+    body = {"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": 1767225600, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {msgspec.json.encode(body).decode()}\n\n"
+
+
+UNSAFE_DELTAS = (
+    "**Bold** claim, then a list:\n\n- first item\n- second item\n\n",
+    "<img src=x onerror=\"window.__pwned = 'img'\"> and ",
+    "<script>window.__pwned = 'script'</script> and ",
+    "[a link](javascript:window.__pwned='link') end.",
+)
+
+
 @pytest.fixture(scope="module")
-def stack(redis_url: str) -> Iterator[LocalStack]:
-    with LocalStack(redis_url, workers=2, delay_ms=120, chunk_bytes=48) as running:
+def transcripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An extra transcript root (FANOUT_TRANSCRIPTS_DIR) with a Chat answer that writes Markdown and HTML."""
+    root = tmp_path_factory.mktemp("transcripts")
+    (root / "openai_chat").mkdir()
+    body = _chunk("") + "".join(_chunk(d) for d in UNSAFE_DELTAS) + _chunk(None, "stop") + "data: [DONE]\n\n"
+    (root / "openai_chat" / f"{UNSAFE_CASE}.sse").write_text(body, encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str, transcripts: Path) -> Iterator[LocalStack]:
+    with LocalStack(redis_url, workers=2, delay_ms=120, chunk_bytes=48, slow_delay_ms=200,
+                    env={"FANOUT_TRANSCRIPTS_DIR": str(transcripts)}) as running:
         yield running
 
 
@@ -53,6 +91,14 @@ async def browser() -> AsyncIterator[Any]:
         await browser.close()
 
 
+async def new_page(browser: Any) -> Any:
+    page = await browser.new_page(bypass_csp=True, viewport={"width": 1100, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    return page
+
+
 def golden_blocks(directory: str, case: str) -> list[str]:
     events, _ = replay_file(ROOT / "transcripts" / directory / f"{case}.sse")
     blocks = msgspec.to_builtins(reduce(events).blocks)
@@ -66,22 +112,114 @@ async def submit(stack: LocalStack, provider: str, case: str) -> tuple[str, str]
     return sub.stream_id, sub.token
 
 
+async def start_from_page(page: Any, base_url: str, provider: str, case: str, *, slow: bool = False) -> None:
+    """Open the page, pick the provider and case as a person would, and press Start."""
+    await page.goto(f"{base_url}/demo")
+    await page.wait_for_function(
+        "document.querySelectorAll('#case option').length > 0 && !document.getElementById('start-button').disabled",
+        timeout=30_000)
+    await page.select_option("#provider", provider)
+    await page.select_option("#case", case)
+    if slow:
+        await page.check("#slow")
+    await page.click("#start-button")
+    await page.wait_for_function("window.fanoutDemo.state.streamId !== null", timeout=30_000)
+
+
 async def finished_state(page: Any) -> dict[str, Any]:
     await page.wait_for_function(
-        f"window.fanoutDemo && {list(TERMINAL)!r}.includes(window.fanoutDemo.state.status)", timeout=30_000
+        f"window.fanoutDemo && {list(TERMINAL)!r}.includes(window.fanoutDemo.state.status)", timeout=60_000
     )
+    await page.wait_for_function("!window.fanoutDemo.state.scheduled", timeout=5_000)  # last frame drawn
     state: dict[str, Any] = await page.evaluate(
         "({status: fanoutDemo.state.status, events: fanoutDemo.state.events, renders: fanoutDemo.state.renders,"
-        " lastSeq: fanoutDemo.state.lastSeq, connections: fanoutDemo.state.connections, texts: fanoutDemo.text()})"
+        " lastSeq: fanoutDemo.state.lastSeq, connections: fanoutDemo.state.connections, texts: fanoutDemo.text(),"
+        " resumes: fanoutDemo.state.resumes, dropDisabled: document.getElementById('drop').disabled})"
     )
     return state
+
+
+async def test_page_starts_a_recorded_case_and_renders_it_as_markdown(stack: LocalStack, browser: Any) -> None:
+    provider, directory, case = MARKDOWN_CASE
+    page = await new_page(browser)
+    await start_from_page(page, stack.base_url, provider, case)
+    state = await finished_state(page)
+    assert state["status"] == "completed"
+    assert state["texts"] == golden_blocks(directory, case)
+    assert state["events"] == state["lastSeq"]
+    assert state["dropDisabled"], "Drop must be disabled once the stream ended"
+    # The reasoning opens with **Planning the lookup**: Markdown bold, not asterisks.
+    assert await page.inner_text(".block[data-kind='reasoning'] .body strong") == "Planning the lookup"
+    assert "**" not in await page.inner_text("#blocks")
+    # The tool call shows its name and its arguments, parsed, once its block closed.
+    assert await page.inner_text(".block[data-kind='tool_call'] .tool-name") == "get_weather"
+    assert '"city": "Zürich"' in await page.inner_text(".block[data-kind='tool_call'] .args")
+    assert "stream_id=" in page.url, "the page keeps the stream in its URL"
+    assert await page.inner_text("#status") == "completed"
+    assert page.errors == []
+
+
+async def test_drop_resumes_from_last_seq_and_status_returns_to_streaming(stack: LocalStack, browser: Any) -> None:
+    provider, directory, case = CASE
+    async with CuttingProxy(stack.publisher_port, cut_after_events=0) as proxy:   # records requests only
+        page = await new_page(browser)
+        await start_from_page(page, f"http://127.0.0.1:{proxy.port}", provider, case, slow=True)
+        await page.wait_for_function("window.fanoutDemo.state.lastSeq >= 3", timeout=30_000)
+        assert await page.evaluate("fanoutDemo.state.terminal") is None, "the stream ended before the drop"
+        await page.click("#drop")
+        held = await page.evaluate("fanoutDemo.state.lastSeq")
+        assert await page.evaluate("fanoutDemo.state.status") == "reconnecting"
+        await page.wait_for_function("fanoutDemo.state.connections === 2", timeout=30_000)
+        await page.wait_for_function("!window.fanoutDemo.state.scheduled", timeout=5_000)
+        if SCREENSHOTS:
+            await page.screenshot(path=f"{SCREENSHOTS}/demo-mid-stream.png", full_page=True)
+        assert await page.evaluate("fanoutDemo.state.terminal") is None, "the stream ended before the reconnect"
+        assert await page.inner_text("#status") == "streaming"
+        assert await page.inner_text("#resumed") == f"resumed after seq {held}"
+        assert not await page.is_disabled("#drop")
+        state = await finished_state(page)
+        log = await page.locator("#log li").all_text_contents()
+        if SCREENSHOTS:
+            await page.click("#stream summary.meta")  # open the connection log
+            await page.screenshot(path=f"{SCREENSHOTS}/demo-end.png", full_page=True)
+    event_requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
+    assert len(event_requests) == 2, event_requests
+    assert f"last_event_id={held}" in event_requests[1]
+    assert state["resumes"] == [held]
+    assert log == ["connection 1 open", f"seq 1 stream.start: {provider} slow-{case}",
+                   f"dropped the connection after seq {held}; resuming from it",
+                   f"connection 2 open: resumed after seq {held}", f"seq {state['lastSeq']} stream.done: completed"]
+    assert state["status"] == "completed"
+    assert state["texts"] == golden_blocks(directory, case)
+    assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
+    assert state["dropDisabled"]
+    assert page.errors == []
+
+
+async def test_model_html_is_shown_as_text_never_inserted_or_executed(stack: LocalStack, browser: Any) -> None:
+    page = await new_page(browser)
+    await start_from_page(page, stack.base_url, "openai_chat", UNSAFE_CASE)
+    state = await finished_state(page)
+    assert state["status"] == "completed"
+    assert state["texts"] == ["".join(UNSAFE_DELTAS)]
+    body = ".block[data-kind='text'] .body"
+    assert await page.inner_text(f"{body} strong") == "Bold"
+    assert await page.locator(f"{body} li").all_inner_texts() == ["first item", "second item"]
+    assert await page.locator("#blocks img, #blocks script, #blocks [onerror]").count() == 0
+    assert await page.evaluate("window.__pwned") is None
+    hrefs = await page.locator(f"{body} a").evaluate_all("links => links.map((a) => a.getAttribute('href'))")
+    assert all(not (h or "").lower().startswith("javascript:") for h in hrefs), hrefs
+    shown = await page.inner_text(body)
+    assert "<img src=x onerror=" in shown, "the model's HTML is shown as text"
+    assert "<script>window.__pwned" in shown
+    assert page.errors == []
 
 
 async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalStack, browser: Any) -> None:
     provider, directory, case = CASE
     stream_id, token = await submit(stack, provider, case)
     async with CuttingProxy(stack.publisher_port, cut_after_events=4) as proxy:
-        page = await browser.new_page()
+        page = await new_page(browser)
         await page.goto(f"http://127.0.0.1:{proxy.port}/demo?stream_id={stream_id}&token={token}")
         state = await finished_state(page)
         body_text = await page.inner_text("#blocks")
@@ -93,6 +231,7 @@ async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalSta
     resumed = [line for line in event_requests[1].lower().split("\r\n") if line.startswith("last-event-id:")]
     assert resumed, event_requests[1]
     assert 1 <= int(resumed[0].split(":")[1]) <= 4
+    assert state["resumes"] == [int(resumed[0].split(":")[1])]
     assert state["status"] == "completed"
     assert state["texts"] == golden_blocks(directory, case)
     assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
@@ -100,16 +239,16 @@ async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalSta
         assert text.splitlines()[0] in body_text
 
 
-async def test_drop_button_resumes_from_last_seq(stack: LocalStack, browser: Any) -> None:
+async def test_drop_button_resumes_a_stream_opened_by_link(stack: LocalStack, browser: Any) -> None:
     provider, directory, case = CASE
-    stream_id, token = await submit(stack, provider, case)
-    page = await browser.new_page()
+    stream_id, token = await submit(stack, provider, "slow-" + case)
+    page = await new_page(browser)
     await page.goto(f"{stack.base_url}/demo?stream_id={stream_id}&token={token}")
     await page.wait_for_function("window.fanoutDemo.state.lastSeq >= 3", timeout=30_000)
     assert await page.evaluate("fanoutDemo.state.terminal") is None, "the stream ended before the drop"
     await page.click("#drop")
     state = await finished_state(page)
-    assert state["connections"] >= 2
+    assert state["connections"] == 2
     assert state["status"] == "completed"
     assert state["texts"] == golden_blocks(directory, case)
     assert state["events"] == state["lastSeq"]
@@ -119,7 +258,7 @@ async def test_renders_at_most_once_per_frame_however_fast_deltas_arrive(redis_u
     with LocalStack(redis_url, workers=1, delay_ms=0, chunk_bytes=4096) as fast:
         provider, directory, case = "openai_chat", "openai_chat", "reasoning_text_tool_call_blocks"
         stream_id, token = await submit(fast, provider, case)
-        page = await browser.new_page()
+        page = await new_page(browser)
         await page.goto(f"{fast.base_url}/demo?stream_id={stream_id}&token={token}")
         state = await finished_state(page)
     assert state["texts"] == golden_blocks(directory, case)

@@ -170,9 +170,9 @@ def test_demo_stops_every_process_on_sigterm(redis_url: str) -> None:
         lines = []
         for line in demo.stdout:
             lines.append(line)
-            if "publisher:" in line:
+            if "the stack is still running" in line:  # printed once the demo streams are done
                 break
-        publisher_url = lines[-1].split()[-1]
+        publisher_url = next(line.split()[-1] for line in lines if "publisher:" in line)
         port = int(publisher_url.rsplit(":", 1)[1])
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 0  # the stop a user asks for; the demo itself matched
