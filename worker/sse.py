@@ -50,6 +50,20 @@ def _line_too_large(limit: int) -> FrameTooLargeError:
     return FrameTooLargeError(f"SSE line exceeds max_frame_bytes={limit} bytes (still unterminated at the limit)")
 
 
+def _decodes_whole(data: list[bytes]) -> bool:
+    """Whether an event's ``data`` lines, joined with LF, are ``[DONE]`` or one valid JSON value."""
+    if not data:
+        return False
+    joined = b"\n".join(data)
+    if joined == b"[DONE]":
+        return True
+    try:
+        msgspec.json.decode(joined)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
+
+
 class _LineSplitter:
     """Splits body bytes into lines on CR, LF or CRLF, a CRLF split across reads counting once."""
 
@@ -172,22 +186,28 @@ class SSEDecoder:
         return frames
 
     def close(self) -> SSEEnd:
-        """End the body: report the frame a last unterminated line completes, and truncation.
+        """End the body: report the frame its last lines complete, and truncation.
 
-        Call once, after the last :meth:`feed`. An event not ended by a blank line is
-        discarded, never parsed. A raw JSON object may close on a last line without a
+        Call once, after the last :meth:`feed`. A half line at the end (no CR or LF after
+        it) is a transport cut: discarded, never parsed, and the body counts as cut. A
+        pending event whose lines were all terminated but which lacks only its
+        dispatching blank line (a gateway dropped it) is dispatched when its data decodes
+        whole: valid JSON, or ``[DONE]``; otherwise the body counts as cut
+        (PROVIDERS.md 1, "End of body", amended; openai-node dispatches such an event,
+        WHATWG discards it). A raw JSON object may close on a last line without a
         terminator; that frame is returned.
 
         Returns:
-            ``SSEEnd``: ``frames`` (zero or one ``JSONFrame``) and ``truncated``, True
-            when bytes of an unfinished line, a field of an undispatched event or an
-            unclosed raw JSON object were pending. A lone CR at the end ends a line.
+            ``SSEEnd``: ``frames`` (zero or one frame) and ``truncated``, True when bytes
+            of an unfinished line, an undispatched event (whose data does not decode
+            whole, or that has no data) or an unclosed raw JSON object were pending. A
+            lone CR at the end ends a line.
 
         Raises:
             FrameTooLargeError: As in :meth:`feed`, for the last line or raw object.
             UpstreamProtocolError: As in :meth:`feed`, or an error deferred by it.
 
-        Follows WHATWG HTML, "Interpreting an event stream" (end of file).
+        Follows WHATWG HTML, "Interpreting an event stream" (end of file), amended as above.
         """
         self._raise_failure()
         tail = self._lines.close()
@@ -195,6 +215,9 @@ class SSEDecoder:
             frame = self._raw_line(tail)
             if frame is not None:
                 return SSEEnd(frames=[frame], truncated=False)
+        if not tail and self._raw is None and self._pending and _decodes_whole(self._data):
+            last = self._dispatch()
+            return SSEEnd(frames=[last] if last is not None else [], truncated=False)
         truncated = bool(tail) or self._pending or self._raw is not None
         return SSEEnd(frames=[], truncated=truncated)
 

@@ -218,6 +218,28 @@ def test_unterminated_event_at_eof_is_truncated_not_parsed() -> None:
     assert decode([b"data: a\n\ndata: b\n"]) == ([msg("a")], SSEEnd(frames=[], truncated=True))
 
 
+@pytest.mark.parametrize(("body", "data"), [
+    (b'data: {"a": 1}\n', '{"a": 1}'), (b'data: {"a": 1}\r\n', '{"a": 1}'), (b'data: {"a": 1}\r', '{"a": 1}'),
+    (b'data: {"a":\ndata: 1}\n', '{"a":\n1}'), (b'event: x\nid: 3\ndata: {"a": 1}\n', '{"a": 1}'),
+    (b"data: 5\n", "5"),
+])
+def test_terminated_last_event_without_blank_line_is_dispatched_when_its_data_decodes(body: bytes, data: str) -> None:
+    # PROVIDERS.md 1 (amended): a gateway that drops the final blank line.
+    frames, end = decode(one_byte_reads(body))
+    assert end.truncated is False
+    assert [f.data for f in frames if isinstance(f, SSEFrame)] == [data]
+
+
+def test_terminated_done_without_blank_line_is_dispatched() -> None:
+    assert decode([b"data: [DONE]\n"]) == ([msg("[DONE]")], SSEEnd(frames=[msg("[DONE]")], truncated=False))
+
+
+@pytest.mark.parametrize("body", [b'data: {"a":\n', b"data: [DONE] x\n", b"data: nope\n", b"event: x\n",
+                                  b'data: {"a": 1}'])
+def test_last_event_whose_data_does_not_decode_or_line_is_unterminated_is_cut(body: bytes) -> None:
+    assert decode([body]) == ([], SSEEnd(frames=[], truncated=True))
+
+
 def test_unfinished_line_at_eof_is_truncated() -> None:
     assert decode([b'data: a\n\ndata: {"x']) == ([msg("a")], SSEEnd(frames=[], truncated=True))
     assert decode([b": keep"]) == ([], SSEEnd(frames=[], truncated=True))
