@@ -10,10 +10,21 @@ character) and each complete field value is decoded once with U+FFFD for invalid
 bytes, which is what decoding the stream incrementally gives, without ever decoding half
 a character and with exact byte counts for the size limits. Pure: imports no I/O (no
 asyncio, aiohttp, redis or opentelemetry).
+
+Two departures from WHATWG, both for real upstreams (PROVIDERS.md 1):
+
+* A body that is not an event stream at all is refused (``failed``/``protocol``, never
+  retried as a cut): its first non-empty line must be UTF-8 and a comment, a raw JSON
+  object or a field line (:func:`_not_sse`). Only that line is checked; later lines
+  keep WHATWG's rules (unknown fields ignored, invalid UTF-8 replaced).
+* At a clean end, a terminated last event without its blank line is dispatched when
+  its data decodes whole (:meth:`SSEDecoder.close`).
 """
 
 from __future__ import annotations
 
+import codecs
+import re
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -21,10 +32,16 @@ import msgspec
 
 from schema.errors import FrameTooLargeError, UpstreamProtocolError
 from worker.frames import Frame, JSONFrame, SSEFrame
-from worker.jsonscan import DepthScanner, LeadingBOM
+from worker.jsonscan import UTF8_BOM, DepthScanner, LeadingBOM
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one line, one event's data and one raw JSON object, in bytes."""
+
+SSE_FIELD_NAMES: Final = (b"data", b"event", b"id", b"retry")
+"""The field names WHATWG defines; the first line of a body must use one (or be a comment or raw JSON)."""
+_FIELD_NAME: Final = re.compile(rb"[A-Za-z0-9_.-]+")
+_PROBE_BYTES: Final = 16
+"""How many bytes of a refused first line an error message shows."""
 
 _MAX_RETRY_DIGITS: Final = 18
 """Longer ``retry`` values are ignored (beyond any sane delay, and int parsing limits)."""
@@ -48,6 +65,31 @@ def _line_too_large(limit: int) -> FrameTooLargeError:
     # longer than the limit is always unterminated at its limit-th byte, and the events
     # (this message included) must not depend on where a read ended.
     return FrameTooLargeError(f"SSE line exceeds max_frame_bytes={limit} bytes (still unterminated at the limit)")
+
+
+def _not_sse(line: bytes, *, complete: bool) -> UpstreamProtocolError | None:
+    """Return the error for a body whose first non-empty line cannot start an SSE stream, else None.
+
+    The line (BOM stripped) must be valid UTF-8 and a comment (``:``), the start of a raw
+    JSON object (``{``), a field line whose name is a token (ASCII letters, digits, ``_``
+    ``.`` ``-``) followed by ``:``, or a bare ``data``/``event``/``id``/``retry`` line.
+    An incomplete line (the body ended inside it) passes while it can still become such a
+    line: a cut is a transport matter, not a framing one.
+    """
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(line, final=complete)
+    except UnicodeDecodeError:
+        return UpstreamProtocolError(f"upstream body is not an SSE stream: it is not UTF-8 text "
+                                     f"(it starts {line[:_PROBE_BYTES]!r})")
+    if line[:1] == b":" or line.lstrip(b" \t")[:1] == b"{":
+        return None
+    name, colon, _ = line.partition(b":")
+    if _FIELD_NAME.fullmatch(name) and (colon or name in SSE_FIELD_NAMES or not complete):
+        return None
+    if not name and not complete:
+        return None
+    return UpstreamProtocolError(f"upstream body is not an SSE stream: its first line is not an SSE field "
+                                 f"(it starts {line[:_PROBE_BYTES]!r})")
 
 
 def _decodes_whole(data: list[bytes]) -> bool:
@@ -148,6 +190,8 @@ class SSEDecoder:
         self._raw_bytes = 0
         self._scanner = DepthScanner()
         self._failure: UpstreamProtocolError | None = None
+        self._sniffed = False
+        """Whether the first non-empty line was checked (:func:`_not_sse`)."""
 
     def feed(self, chunk: bytes) -> list[Frame]:
         """Consume one network read and return the frames it completed.
@@ -211,6 +255,9 @@ class SSEDecoder:
         """
         self._raise_failure()
         tail = self._lines.close()
+        refused = None if self._sniffed or UTF8_BOM.startswith(tail) else _not_sse(tail, complete=False)
+        if refused is not None:
+            raise refused
         if tail and (self._raw is not None or self._begin_raw(tail)):
             frame = self._raw_line(tail)
             if frame is not None:
@@ -230,6 +277,10 @@ class SSEDecoder:
             return self._raw_line(line)
         if not line:
             return self._dispatch()
+        if not self._sniffed:
+            self._sniffed = True
+            if (refused := _not_sse(line, complete=True)) is not None:
+                raise refused
         if line[0] == 0x3A:  # ":" starts a comment
             return None
         if self._begin_raw(line):
