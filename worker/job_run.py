@@ -46,7 +46,7 @@ from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline, build_pipeline
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
-from worker.upstream import Credentials, UpstreamRequest, build_request
+from worker.upstream import Credentials, JobRequestError, UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
 
@@ -174,7 +174,11 @@ class JobRun:
         if self.problem is not None:
             await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
-        request = build_request(self.job, self.settings, self.ctx.credentials)
+        try:
+            request = build_request(self.job, self.settings, self.ctx.credentials)
+        except JobRequestError as exc:
+            await self._write_error(exc)
+            return
         await self._run_attempts(request)
 
     # -- attempts ---------------------------------------------------------------

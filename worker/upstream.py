@@ -30,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from schema.errors import UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
+from schema.errors import FanoutError, UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
 from schema.job import Job
 from worker.adapters.base import Framing
 from worker.settings import WorkerSettings
@@ -39,6 +39,7 @@ from worker.upstream_errors import MAX_ERROR_BODY_BYTES, http_error
 __all__ = [
     "ANTHROPIC_VERSION",
     "Credentials",
+    "JobRequestError",
     "UpstreamRequest",
     "UpstreamTimeoutError",
     "UpstreamTransportError",
@@ -55,6 +56,17 @@ ANTHROPIC_VERSION: Final = "2023-06-01"
 _encoder: Final = msgspec.json.Encoder()
 HTML_TYPES: Final = frozenset({"text/html", "application/xhtml+xml"})
 """Content types of a 2xx answer that is a web page (a portal, a proxy's page), never a stream."""
+
+
+class JobRequestError(FanoutError):
+    """The job's provider-native ``request`` cannot be sent as is; ends the stream ``failed``/``invalid_request``.
+
+    The publisher refuses such requests at submit (``publisher.validation``); this guards
+    jobs written by anything else.
+    """
+
+    category = "invalid_request"
+    retryable = False
 
 
 class Credentials:
@@ -127,7 +139,11 @@ def _body(job: Job) -> dict[str, Any]:
         return body
     body["model"], body["stream"] = job.model, True
     if job.provider == "openai_chat":
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise JobRequestError("request.stream_options must be a JSON object (or absent), such as "
+                                  '{"include_usage": true}')
+        body["stream_options"] = {**(options or {}), "include_usage": True}
     return body
 
 
@@ -147,6 +163,7 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
 
     Raises:
         KeyError: The job names a provider this worker has no endpoint for.
+        JobRequestError: An ``openai_chat`` request whose ``stream_options`` is not an object.
     """
     if job.provider not in ("openai_chat", "openai_responses", "anthropic", "gemini"):
         raise KeyError(job.provider)

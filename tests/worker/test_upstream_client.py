@@ -6,6 +6,7 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -27,6 +28,7 @@ from worker.replay import replay_file
 from worker.settings import WorkerSettings
 from worker.upstream import (
     Credentials,
+    JobRequestError,
     UpstreamTransportError,
     build_request,
     credentials_from_env,
@@ -386,3 +388,35 @@ async def test_random_bytes_json_array_body_is_failed_protocol_and_not_retried(
     assert isinstance(last, StreamError)
     assert (last.status, last.error.category, last.error.retryable) == ("failed", "protocol", False)
     assert last.error.message == "malformed JSON array: expected '[' before '[', got b'V' at byte 0"
+
+
+@pytest.mark.parametrize("options", ["x", [1, 2], 5])
+def test_build_request_refuses_a_chat_stream_options_that_is_not_an_object(options: object) -> None:
+    job = make_job("openai_chat", "m1", request={"messages": [], "stream_options": options})
+    with pytest.raises(JobRequestError) as caught:
+        build_request(job, WorkerSettings(), KEYS)
+    assert (caught.value.category, caught.value.retryable) == ("invalid_request", False)
+    assert "request.stream_options must be a JSON object" in caught.value.message
+
+
+def test_build_request_keeps_the_callers_stream_options_and_adds_usage() -> None:
+    job = make_job("openai_chat", "m1", request={"messages": [], "stream_options": {"include_obfuscation": False}})
+    body = msgspec.json.decode(build_request(job, WorkerSettings(), KEYS).body)
+    assert body["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+
+
+async def test_job_with_a_bad_stream_options_ends_invalid_request_without_calling_the_provider(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fake_upstream() as (base, _state):
+        async with running_worker(settings_for(base, redis_url, keys, max_retries=2), keys):
+            job = make_job("openai_chat", "simple_text_cyrillic_usage_chunk",
+                           request={"messages": [], "stream_options": [1, 2]})
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        assert await recorded(base) == []
+    events = await stored_events(redis_client, keys, job.stream_id)
+    assert [type(e).__name__ for e in events] == ["StreamStart", "StreamError"]
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "invalid_request", False)
+    assert "request.stream_options" in last.error.message
