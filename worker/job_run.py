@@ -46,7 +46,7 @@ from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline, build_pipeline
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
-from worker.upstream import Credentials, JobRequestError, UpstreamRequest, build_request
+from worker.upstream import Credentials, UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
 
@@ -176,7 +176,7 @@ class JobRun:
             return
         try:
             request = build_request(self.job, self.settings, self.ctx.credentials)
-        except JobRequestError as exc:
+        except FanoutError as exc:  # the job's request cannot be sent as is (invalid_request)
             await self._write_error(exc)
             return
         await self._run_attempts(request)

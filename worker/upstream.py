@@ -39,7 +39,6 @@ from worker.upstream_errors import MAX_ERROR_BODY_BYTES, http_error
 __all__ = [
     "ANTHROPIC_VERSION",
     "Credentials",
-    "JobRequestError",
     "UpstreamRequest",
     "UpstreamTimeoutError",
     "UpstreamTransportError",
@@ -56,17 +55,6 @@ ANTHROPIC_VERSION: Final = "2023-06-01"
 _encoder: Final = msgspec.json.Encoder()
 HTML_TYPES: Final = frozenset({"text/html", "application/xhtml+xml"})
 """Content types of a 2xx answer that is a web page (a portal, a proxy's page), never a stream."""
-
-
-class JobRequestError(FanoutError):
-    """The job's provider-native ``request`` cannot be sent as is; ends the stream ``failed``/``invalid_request``.
-
-    The publisher refuses such requests at submit (``publisher.validation``); this guards
-    jobs written by anything else.
-    """
-
-    category = "invalid_request"
-    retryable = False
 
 
 class Credentials:
@@ -141,8 +129,8 @@ def _body(job: Job) -> dict[str, Any]:
     if job.provider == "openai_chat":
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
-            raise JobRequestError("request.stream_options must be a JSON object (or absent), such as "
-                                  '{"include_usage": true}')
+            raise FanoutError("request.stream_options must be a JSON object (or absent), such as "
+                              '{"include_usage": true}', category="invalid_request", retryable=False)
         body["stream_options"] = {**(options or {}), "include_usage": True}
     return body
 
@@ -163,7 +151,9 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
 
     Raises:
         KeyError: The job names a provider this worker has no endpoint for.
-        JobRequestError: An ``openai_chat`` request whose ``stream_options`` is not an object.
+        FanoutError: ``invalid_request``, not retryable: an ``openai_chat`` request whose
+            ``stream_options`` is not an object (the publisher refuses it at submit; this
+            guards jobs written by anything else). The caller stores it as the stream's error.
     """
     if job.provider not in ("openai_chat", "openai_responses", "anthropic", "gemini"):
         raise KeyError(job.provider)

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from schema.contract import BlockDelta, StreamDone, StreamError, StreamStart
-from schema.errors import UpstreamHTTPError, UpstreamProtocolError
+from schema.errors import FanoutError, UpstreamHTTPError, UpstreamProtocolError
 from schema.keys import Keys
 from tests.worker.support import (
     fake_upstream,
@@ -28,7 +28,6 @@ from worker.replay import replay_file
 from worker.settings import WorkerSettings
 from worker.upstream import (
     Credentials,
-    JobRequestError,
     UpstreamTransportError,
     build_request,
     credentials_from_env,
@@ -393,7 +392,7 @@ async def test_random_bytes_json_array_body_is_failed_protocol_and_not_retried(
 @pytest.mark.parametrize("options", ["x", [1, 2], 5])
 def test_build_request_refuses_a_chat_stream_options_that_is_not_an_object(options: object) -> None:
     job = make_job("openai_chat", "m1", request={"messages": [], "stream_options": options})
-    with pytest.raises(JobRequestError) as caught:
+    with pytest.raises(FanoutError) as caught:
         build_request(job, WorkerSettings(), KEYS)
     assert (caught.value.category, caught.value.retryable) == ("invalid_request", False)
     assert "request.stream_options must be a JSON object" in caught.value.message
