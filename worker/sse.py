@@ -15,7 +15,7 @@ Two departures from WHATWG, both for real upstreams (PROVIDERS.md 1):
 
 * A body that is not an event stream at all is refused (``failed``/``protocol``, never
   retried as a cut): its first non-empty line must be UTF-8 and a comment, a raw JSON
-  object or a field line (:func:`_not_sse`). Only that line is checked; later lines
+  object or a field line (:func:`worker.sse_lines.not_sse`). Only that line is checked; later lines
   keep WHATWG's rules (unknown fields ignored, invalid UTF-8 replaced).
 * At a clean end, a terminated last event without its blank line is dispatched when
   its data decodes whole (:meth:`SSEDecoder.close`).
@@ -23,25 +23,18 @@ Two departures from WHATWG, both for real upstreams (PROVIDERS.md 1):
 
 from __future__ import annotations
 
-import codecs
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
 
 from schema.errors import FrameTooLargeError, UpstreamProtocolError
 from worker.frames import Frame, JSONFrame, SSEFrame
-from worker.jsonscan import UTF8_BOM, DepthScanner, LeadingBOM
+from worker.jsonscan import UTF8_BOM, DepthScanner
+from worker.sse_lines import LineSplitter, decodes_whole, not_sse
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one line, one event's data and one raw JSON object, in bytes."""
-
-SSE_FIELD_NAMES: Final = (b"data", b"event", b"id", b"retry")
-"""The field names WHATWG defines; the first line of a body must use one (or be a comment or raw JSON)."""
-_FIELD_NAME: Final = re.compile(rb"[A-Za-z0-9_.-]+")
-_PROBE_BYTES: Final = 16
-"""How many bytes of a refused first line an error message shows."""
 
 _MAX_RETRY_DIGITS: Final = 18
 """Longer ``retry`` values are ignored (beyond any sane delay, and int parsing limits)."""
@@ -58,95 +51,6 @@ class SSEEnd(msgspec.Struct, frozen=True, kw_only=True):
 
 def _too_large(what: str, limit: int) -> FrameTooLargeError:
     return FrameTooLargeError(f"SSE {what} exceeds max_frame_bytes={limit} bytes")
-
-
-def _line_too_large(limit: int) -> FrameTooLargeError:
-    # One message whether the line's terminator arrived in the same read or never: a line
-    # longer than the limit is always unterminated at its limit-th byte, and the events
-    # (this message included) must not depend on where a read ended.
-    return FrameTooLargeError(f"SSE line exceeds max_frame_bytes={limit} bytes (still unterminated at the limit)")
-
-
-def _not_sse(line: bytes, *, complete: bool) -> UpstreamProtocolError | None:
-    """Return the error for a body whose first non-empty line cannot start an SSE stream, else None.
-
-    The line (BOM stripped) must be valid UTF-8 and a comment (``:``), the start of a raw
-    JSON object (``{``), a field line whose name is a token (ASCII letters, digits, ``_``
-    ``.`` ``-``) followed by ``:``, or a bare ``data``/``event``/``id``/``retry`` line.
-    An incomplete line (the body ended inside it) passes while it can still become such a
-    line: a cut is a transport matter, not a framing one.
-    """
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(line, final=complete)
-    except UnicodeDecodeError:
-        return UpstreamProtocolError(f"upstream body is not an SSE stream: it is not UTF-8 text "
-                                     f"(it starts {line[:_PROBE_BYTES]!r})")
-    if line[:1] == b":" or line.lstrip(b" \t")[:1] == b"{":
-        return None
-    name, colon, _ = line.partition(b":")
-    if _FIELD_NAME.fullmatch(name) and (colon or name in SSE_FIELD_NAMES or not complete):
-        return None
-    if not name and not complete:
-        return None
-    return UpstreamProtocolError(f"upstream body is not an SSE stream: its first line is not an SSE field "
-                                 f"(it starts {line[:_PROBE_BYTES]!r})")
-
-
-def _decodes_whole(data: list[bytes]) -> bool:
-    """Whether an event's ``data`` lines, joined with LF, are ``[DONE]`` or one valid JSON value."""
-    if not data:
-        return False
-    joined = b"\n".join(data)
-    if joined == b"[DONE]":
-        return True
-    try:
-        msgspec.json.decode(joined)
-    except (msgspec.DecodeError, RecursionError):
-        return False
-    return True
-
-
-class _LineSplitter:
-    """Splits body bytes into lines on CR, LF or CRLF, a CRLF split across reads counting once."""
-
-    def __init__(self, max_line_bytes: int) -> None:
-        self._max_line_bytes = max_line_bytes
-        self._bom = LeadingBOM()
-        self._tail = bytearray()
-        self._after_cr = False
-
-    def feed(self, chunk: bytes) -> Iterator[bytes]:
-        """Yield each line completed by ``chunk``, without its terminator."""
-        chunk = self._bom.strip(chunk)
-        if self._after_cr and chunk:
-            self._after_cr = False
-            if chunk[0] == 0x0A:
-                chunk = chunk[1:]
-        # bytes.splitlines splits on CR, LF and CRLF only (str.splitlines would also
-        # split on U+2028, U+0085, VT, FF, ...).
-        parts = chunk.splitlines(keepends=True)
-        if parts and parts[-1][-1] == 0x0D:
-            self._after_cr = True
-        for part in parts:
-            line = part.rstrip(b"\r\n")
-            if len(line) == len(part):
-                self._keep(line)
-                return
-            if self._tail:
-                line = bytes(self._tail) + line
-                self._tail.clear()
-            if len(line) > self._max_line_bytes:
-                raise _line_too_large(self._max_line_bytes)
-            yield line
-
-    def close(self) -> bytes:
-        """Return the bytes of the unfinished last line (empty for a clean end)."""
-        return self._bom.pending + bytes(self._tail)
-
-    def _keep(self, partial: bytes) -> None:
-        if len(self._tail) + len(partial) > self._max_line_bytes:
-            raise _line_too_large(self._max_line_bytes)
-        self._tail += partial
 
 
 class SSEDecoder:
@@ -173,7 +77,7 @@ class SSEDecoder:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._max_frame_bytes = max_frame_bytes
-        self._lines = _LineSplitter(max_frame_bytes)
+        self._lines = LineSplitter(max_frame_bytes)
         self._fields: dict[bytes, Callable[[bytes], None]] = {
             b"data": self._on_data,
             b"event": self._on_event,
@@ -191,7 +95,7 @@ class SSEDecoder:
         self._scanner = DepthScanner()
         self._failure: UpstreamProtocolError | None = None
         self._sniffed = False
-        """Whether the first non-empty line was checked (:func:`_not_sse`)."""
+        """Whether the first non-empty line was checked (:func:`worker.sse_lines.not_sse`)."""
 
     def feed(self, chunk: bytes) -> list[Frame]:
         """Consume one network read and return the frames it completed.
@@ -255,14 +159,14 @@ class SSEDecoder:
         """
         self._raise_failure()
         tail = self._lines.close()
-        refused = None if self._sniffed or UTF8_BOM.startswith(tail) else _not_sse(tail, complete=False)
+        refused = None if self._sniffed or UTF8_BOM.startswith(tail) else not_sse(tail, complete=False)
         if refused is not None:
             raise refused
         if tail and (self._raw is not None or self._begin_raw(tail)):
             frame = self._raw_line(tail)
             if frame is not None:
                 return SSEEnd(frames=[frame], truncated=False)
-        if not tail and self._raw is None and self._pending and _decodes_whole(self._data):
+        if not tail and self._raw is None and self._pending and decodes_whole(self._data):
             last = self._dispatch()
             return SSEEnd(frames=[last] if last is not None else [], truncated=False)
         truncated = bool(tail) or self._pending or self._raw is not None
@@ -279,7 +183,7 @@ class SSEDecoder:
             return self._dispatch()
         if not self._sniffed:
             self._sniffed = True
-            if (refused := _not_sse(line, complete=True)) is not None:
+            if (refused := not_sse(line, complete=True)) is not None:
                 raise refused
         if line[0] == 0x3A:  # ":" starts a comment
             return None

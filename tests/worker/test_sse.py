@@ -646,7 +646,7 @@ def test_matches_reference_reading_of_the_spec(case: tuple[bytes, list[int]]) ->
 # --- purity -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["sse.py", "jsonscan.py"])
+@pytest.mark.parametrize("module", ["sse.py", "sse_lines.py", "jsonscan.py"])
 def test_module_imports_no_io(module: str) -> None:
     tree = ast.parse((MODULES / module).read_text(encoding="utf-8"))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
