@@ -89,6 +89,22 @@ CHECKS: Final[dict[str, tuple[bool, Callable[[Any], str | None]]]] = {
 """Field → (required, check returning an error text or ``None``)."""
 
 
+def _request_errors(body: dict[str, Any]) -> list[FieldError]:
+    """Check the parts of a provider-native ``request`` the worker itself builds on.
+
+    ``openai_chat``: ``stream_options``, when present and not null, must be an object
+    (the worker adds ``include_usage`` to it; OpenAI's API reference, Chat Completions).
+    """
+    request = body.get("request")
+    if body.get("provider") != "openai_chat" or not isinstance(request, dict):
+        return []
+    options = request.get("stream_options")
+    if options is None or isinstance(options, dict):
+        return []
+    return [FieldError(field="request.stream_options",
+                       detail='must be a JSON object (or absent), such as {"include_usage": true}')]
+
+
 def field_errors(body: dict[str, Any]) -> list[FieldError]:
     """Return every problem of a decoded body, in field order (empty when valid)."""
     errors = [FieldError(field=name, detail="unknown field") for name in body if name not in CHECKS]
@@ -98,7 +114,7 @@ def field_errors(body: dict[str, Any]) -> list[FieldError]:
                 errors.append(FieldError(field=name, detail="is required"))
         elif (problem := check(body[name])) is not None:
             errors.append(FieldError(field=name, detail=problem))
-    return errors
+    return errors + _request_errors(body)
 
 
 def json_depth(value: Any) -> int:

@@ -13,6 +13,7 @@ PURE = [
     *sorted((ROOT / "schema").glob("*.py")),
     ROOT / "worker" / "frames.py",
     ROOT / "worker" / "sse.py",
+    ROOT / "worker" / "sse_lines.py",
     ROOT / "worker" / "jsonarray.py",
     ROOT / "worker" / "jsonscan.py",
     ROOT / "worker" / "normalizer.py",

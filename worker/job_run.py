@@ -177,7 +177,11 @@ class JobRun:
         if self.problem is not None:
             await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
-        request = build_request(self.job, self.settings, self.ctx.credentials)
+        try:
+            request = build_request(self.job, self.settings, self.ctx.credentials)
+        except FanoutError as exc:  # the job's request cannot be sent as is (invalid_request)
+            await self._write_error(exc)
+            return
         await self._run_attempts(request)
 
     # -- attempts ---------------------------------------------------------------

@@ -8,7 +8,15 @@ exactly one terminal event. After the terminal event every call is ignored and c
 
 Keys: adapters name blocks by any hashable key of their own (Anthropic ``index``,
 Responses ``(output_index, content_index)``, ...); the normalizer maps each key to
-the next contract ``index`` in order of opening.
+the next contract ``index`` in order of public start.
+
+Held blocks (PROVIDERS.md 7.4: a block that never receives content never exists
+publicly): a ``text``, ``reasoning`` or ``refusal`` block is opened for the adapter at
+once but its ``block.start`` is held until its first non-empty delta (of any kind, a
+signature included), which is also when it gets its contract ``index``. Closing a held
+block emits nothing, so a never-filled block leaves no trace and the indexes of the
+blocks that follow close ranks. A ``tool_call`` block starts at once: its name and call
+id are content, and ``""`` arguments mean ``{}``.
 
 Pure: imports no asyncio, aiohttp, redis or opentelemetry; the clock is injected.
 """
@@ -45,13 +53,18 @@ from schema.reducer import parse_arguments
 from schema.states import StreamMachine
 from worker.error_policy import RETRYABLE, STATUS_OF_CATEGORY, safe_message
 
+_HELD_KINDS: frozenset[BlockKind] = frozenset({"text", "reasoning", "refusal"})
+"""Block kinds whose ``block.start`` waits for their first content (PROVIDERS.md 7.4)."""
+
 
 class _Block:
-    __slots__ = ("json_text", "kind", "open", "ref", "signature", "text")
+    __slots__ = ("json_text", "kind", "open", "redacted", "ref", "signature", "text", "tool")
 
-    def __init__(self, ref: BlockRef) -> None:
-        self.ref = ref
-        self.kind: BlockKind = ref.kind
+    def __init__(self, kind: BlockKind, tool: ToolInfo | None, redacted: bool) -> None:
+        self.ref: BlockRef | None = None
+        """Set when ``block.start`` is emitted; ``None`` while held."""
+        self.kind: BlockKind = kind
+        self.tool, self.redacted = tool, redacted
         self.open = True
         self.text: list[str] = []
         self.json_text: list[str] = []
@@ -163,12 +176,12 @@ class Normalizer:
 
     @property
     def open_keys(self) -> list[Hashable]:
-        """Keys of open blocks, in index order."""
+        """Keys of open blocks (held ones included), in order of opening."""
         return [k for k, b in self._blocks.items() if b.open]
 
     @property
     def block_count(self) -> int:
-        """How many blocks were opened."""
+        """How many blocks started publicly (held blocks not yet filled are not counted)."""
         return len(self._order)
 
     def open_block(
@@ -180,7 +193,7 @@ class Normalizer:
         name: str | None = None,
         redacted: bool = False,
     ) -> None:
-        """Open a block at the next index.
+        """Open a block; a ``tool_call`` starts at the next index now, other kinds at their first content.
 
         A key opened twice (the upstream started the same block again) ends the stream
         ``failed``/``protocol``.
@@ -190,19 +203,25 @@ class Normalizer:
         if key in self._blocks:
             self.fail(category="protocol", message="upstream started the same block twice")
             return
-        ref = BlockRef(id=f"b{len(self._order)}", index=len(self._order), kind=kind)
         tool = ToolInfo(call_id=call_id or "", name=name or "") if kind == "tool_call" else None
-        is_reasoning = kind == "reasoning"
+        block = _Block(kind, tool, redacted)
+        self._blocks[key] = block
+        if kind not in _HELD_KINDS:
+            self._start(block)
+
+    def _start(self, block: _Block) -> BlockRef:
+        ref = BlockRef(id=f"b{len(self._order)}", index=len(self._order), kind=block.kind)
+        is_reasoning = block.kind == "reasoning"
         self._emit(
             lambda seq, ts: BlockStart(
-                stream_id=self.stream_id, seq=seq, ts=ts, block=ref, tool=tool,
+                stream_id=self.stream_id, seq=seq, ts=ts, block=ref, tool=block.tool,
                 visibility=self.visibility if is_reasoning else None,
-                redacted=redacted if is_reasoning else None,
+                redacted=block.redacted if is_reasoning else None,
             )
         )
-        block = _Block(ref)
-        self._blocks[key] = block
+        block.ref = ref
         self._order.append(block)
+        return ref
 
     def delta(self, key: Hashable, kind: DeltaKind, text: str) -> None:
         """Append a fragment to the open block ``key``; an empty fragment adds nothing.
@@ -217,9 +236,10 @@ class Normalizer:
             state = "a closed" if block else "an unknown"
             self.fail(category="protocol", message=f"upstream sent a delta for {state} block")
             return
+        ref = block.ref or self._start(block)
         self._emit(
             lambda seq, ts: BlockDelta(
-                stream_id=self.stream_id, seq=seq, ts=ts, block=block.ref,
+                stream_id=self.stream_id, seq=seq, ts=ts, block=ref,
                 delta=Delta(kind=kind, text=text),
             )
         )
@@ -248,7 +268,10 @@ class Normalizer:
         return True
 
     def close_block(self, key: Hashable) -> None:
-        """Close the block ``key``; closing an unknown or closed block is a protocol failure."""
+        """Close the block ``key`` (silently when it is still held: it never existed publicly).
+
+        Closing an unknown or closed block is a protocol failure.
+        """
         if self._ignored_after_end():
             return
         block = self._blocks.get(key)
@@ -258,12 +281,14 @@ class Normalizer:
         self._stop(block)
 
     def _stop(self, block: _Block) -> None:
-        self._emit(lambda seq, ts: BlockStop(stream_id=self.stream_id, seq=seq, ts=ts, block=block.ref))
+        ref = block.ref
+        if ref is not None:
+            self._emit(lambda seq, ts: BlockStop(stream_id=self.stream_id, seq=seq, ts=ts, block=ref))
         block.open = False
 
     def close_all(self) -> None:
-        """Close every open block in index order (a token-limit stop, or a clean end)."""
-        for block in self._order:
+        """Close every open block in order of opening (a token-limit stop, or a clean end)."""
+        for block in self._blocks.values():
             if block.open and self.terminal is None:
                 self._stop(block)
 

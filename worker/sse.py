@@ -10,18 +10,28 @@ character) and each complete field value is decoded once with U+FFFD for invalid
 bytes, which is what decoding the stream incrementally gives, without ever decoding half
 a character and with exact byte counts for the size limits. Pure: imports no I/O (no
 asyncio, aiohttp, redis or opentelemetry).
+
+Two departures from WHATWG, both for real upstreams (PROVIDERS.md 1):
+
+* A body that is not an event stream at all is refused (``failed``/``protocol``, never
+  retried as a cut): its first non-empty line must be UTF-8 and a comment, a raw JSON
+  object or a field line (:func:`worker.sse_lines.not_sse`). Only that line is checked; later lines
+  keep WHATWG's rules (unknown fields ignored, invalid UTF-8 replaced).
+* At a clean end, a terminated last event without its blank line is dispatched when
+  its data decodes whole (:meth:`SSEDecoder.close`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
 
 from schema.errors import FrameTooLargeError, UpstreamProtocolError
 from worker.frames import Frame, JSONFrame, SSEFrame
-from worker.jsonscan import DepthScanner, LeadingBOM
+from worker.jsonscan import UTF8_BOM, DepthScanner
+from worker.sse_lines import LineSplitter, decodes_whole, not_sse
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 """Default limit for one line, one event's data and one raw JSON object, in bytes."""
@@ -41,56 +51,6 @@ class SSEEnd(msgspec.Struct, frozen=True, kw_only=True):
 
 def _too_large(what: str, limit: int) -> FrameTooLargeError:
     return FrameTooLargeError(f"SSE {what} exceeds max_frame_bytes={limit} bytes")
-
-
-def _line_too_large(limit: int) -> FrameTooLargeError:
-    # One message whether the line's terminator arrived in the same read or never: a line
-    # longer than the limit is always unterminated at its limit-th byte, and the events
-    # (this message included) must not depend on where a read ended.
-    return FrameTooLargeError(f"SSE line exceeds max_frame_bytes={limit} bytes (still unterminated at the limit)")
-
-
-class _LineSplitter:
-    """Splits body bytes into lines on CR, LF or CRLF, a CRLF split across reads counting once."""
-
-    def __init__(self, max_line_bytes: int) -> None:
-        self._max_line_bytes = max_line_bytes
-        self._bom = LeadingBOM()
-        self._tail = bytearray()
-        self._after_cr = False
-
-    def feed(self, chunk: bytes) -> Iterator[bytes]:
-        """Yield each line completed by ``chunk``, without its terminator."""
-        chunk = self._bom.strip(chunk)
-        if self._after_cr and chunk:
-            self._after_cr = False
-            if chunk[0] == 0x0A:
-                chunk = chunk[1:]
-        # bytes.splitlines splits on CR, LF and CRLF only (str.splitlines would also
-        # split on U+2028, U+0085, VT, FF, ...).
-        parts = chunk.splitlines(keepends=True)
-        if parts and parts[-1][-1] == 0x0D:
-            self._after_cr = True
-        for part in parts:
-            line = part.rstrip(b"\r\n")
-            if len(line) == len(part):
-                self._keep(line)
-                return
-            if self._tail:
-                line = bytes(self._tail) + line
-                self._tail.clear()
-            if len(line) > self._max_line_bytes:
-                raise _line_too_large(self._max_line_bytes)
-            yield line
-
-    def close(self) -> bytes:
-        """Return the bytes of the unfinished last line (empty for a clean end)."""
-        return self._bom.pending + bytes(self._tail)
-
-    def _keep(self, partial: bytes) -> None:
-        if len(self._tail) + len(partial) > self._max_line_bytes:
-            raise _line_too_large(self._max_line_bytes)
-        self._tail += partial
 
 
 class SSEDecoder:
@@ -117,7 +77,7 @@ class SSEDecoder:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._max_frame_bytes = max_frame_bytes
-        self._lines = _LineSplitter(max_frame_bytes)
+        self._lines = LineSplitter(max_frame_bytes)
         self._fields: dict[bytes, Callable[[bytes], None]] = {
             b"data": self._on_data,
             b"event": self._on_event,
@@ -134,6 +94,8 @@ class SSEDecoder:
         self._raw_bytes = 0
         self._scanner = DepthScanner()
         self._failure: UpstreamProtocolError | None = None
+        self._sniffed = False
+        """Whether the first non-empty line was checked (:func:`worker.sse_lines.not_sse`)."""
 
     def feed(self, chunk: bytes) -> list[Frame]:
         """Consume one network read and return the frames it completed.
@@ -172,29 +134,41 @@ class SSEDecoder:
         return frames
 
     def close(self) -> SSEEnd:
-        """End the body: report the frame a last unterminated line completes, and truncation.
+        """End the body: report the frame its last lines complete, and truncation.
 
-        Call once, after the last :meth:`feed`. An event not ended by a blank line is
-        discarded, never parsed. A raw JSON object may close on a last line without a
+        Call once, after the last :meth:`feed`. A half line at the end (no CR or LF after
+        it) is a transport cut: discarded, never parsed, and the body counts as cut. A
+        pending event whose lines were all terminated but which lacks only its
+        dispatching blank line (a gateway dropped it) is dispatched when its data decodes
+        whole: valid JSON, or ``[DONE]``; otherwise the body counts as cut
+        (PROVIDERS.md 1, "End of body", amended; openai-node dispatches such an event,
+        WHATWG discards it). A raw JSON object may close on a last line without a
         terminator; that frame is returned.
 
         Returns:
-            ``SSEEnd``: ``frames`` (zero or one ``JSONFrame``) and ``truncated``, True
-            when bytes of an unfinished line, a field of an undispatched event or an
-            unclosed raw JSON object were pending. A lone CR at the end ends a line.
+            ``SSEEnd``: ``frames`` (zero or one frame) and ``truncated``, True when bytes
+            of an unfinished line, an undispatched event (whose data does not decode
+            whole, or that has no data) or an unclosed raw JSON object were pending. A
+            lone CR at the end ends a line.
 
         Raises:
             FrameTooLargeError: As in :meth:`feed`, for the last line or raw object.
             UpstreamProtocolError: As in :meth:`feed`, or an error deferred by it.
 
-        Follows WHATWG HTML, "Interpreting an event stream" (end of file).
+        Follows WHATWG HTML, "Interpreting an event stream" (end of file), amended as above.
         """
         self._raise_failure()
         tail = self._lines.close()
+        refused = None if self._sniffed or UTF8_BOM.startswith(tail) else not_sse(tail, complete=False)
+        if refused is not None:
+            raise refused
         if tail and (self._raw is not None or self._begin_raw(tail)):
             frame = self._raw_line(tail)
             if frame is not None:
                 return SSEEnd(frames=[frame], truncated=False)
+        if not tail and self._raw is None and self._pending and decodes_whole(self._data):
+            last = self._dispatch()
+            return SSEEnd(frames=[last] if last is not None else [], truncated=False)
         truncated = bool(tail) or self._pending or self._raw is not None
         return SSEEnd(frames=[], truncated=truncated)
 
@@ -207,6 +181,10 @@ class SSEDecoder:
             return self._raw_line(line)
         if not line:
             return self._dispatch()
+        if not self._sniffed:
+            self._sniffed = True
+            if (refused := not_sse(line, complete=True)) is not None:
+                raise refused
         if line[0] == 0x3A:  # ":" starts a comment
             return None
         if self._begin_raw(line):

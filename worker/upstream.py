@@ -30,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from schema.errors import UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
+from schema.errors import FanoutError, UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
 from schema.job import Job
 from worker.adapters.base import Framing
 from worker.settings import WorkerSettings
@@ -127,7 +127,11 @@ def _body(job: Job) -> dict[str, Any]:
         return body
     body["model"], body["stream"] = job.model, True
     if job.provider == "openai_chat":
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise FanoutError("request.stream_options must be a JSON object (or absent), such as "
+                              '{"include_usage": true}', category="invalid_request", retryable=False)
+        body["stream_options"] = {**(options or {}), "include_usage": True}
     return body
 
 
@@ -147,6 +151,9 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
 
     Raises:
         KeyError: The job names a provider this worker has no endpoint for.
+        FanoutError: ``invalid_request``, not retryable: an ``openai_chat`` request whose
+            ``stream_options`` is not an object (the publisher refuses it at submit; this
+            guards jobs written by anything else). The caller stores it as the stream's error.
     """
     if job.provider not in ("openai_chat", "openai_responses", "anthropic", "gemini"):
         raise KeyError(job.provider)
@@ -164,12 +171,18 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
 def new_session(settings: WorkerSettings, *, limit: int = 0) -> aiohttp.ClientSession:
     """Return the process's client session: connect timeout only (other deadlines are the caller's).
 
+    Bodies are never decompressed (``auto_decompress=False``): the worker asks for
+    ``identity`` and :func:`open_stream` refuses any other ``Content-Encoding``, so a
+    compressed bomb costs nothing; an error body that arrives compressed is classified
+    by its status alone.
+
     Args:
         settings: Gives ``connect_timeout_s``.
         limit: Simultaneous connections (0 = unlimited; the worker's concurrency bounds them).
     """
     timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=settings.connect_timeout_s, sock_read=None)
-    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=limit))
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=limit),
+                                 auto_decompress=False)
 
 
 async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) -> aiohttp.ClientResponse:
@@ -184,7 +197,8 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
     Raises:
         UpstreamHTTPError: A non-2xx answer; category and ``retryable`` by
             :func:`worker.upstream_errors.http_error`, ``Retry-After`` kept.
-        UpstreamProtocolError: A 2xx web page (``text/html``) instead of a stream.
+        UpstreamProtocolError: A 2xx web page (``text/html``) instead of a stream, or a 2xx
+            body with a ``Content-Encoding`` other than ``identity`` (never decompressed).
         UpstreamTimeoutError: The TCP connect took longer than ``connect_timeout_s``.
         UpstreamTransportError: Connection refused, reset or closed before the headers.
     """
@@ -196,17 +210,34 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
                                    kind="connect") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamTransportError(f"could not reach the provider ({type(exc).__name__})") from exc
-    if 200 <= response.status < 300 and response.content_type not in HTML_TYPES:
-        return response
     if 200 <= response.status < 300:
-        response.close()
-        raise UpstreamProtocolError(f"provider answered HTTP {response.status} with a web page "
-                                    f"({response.content_type}), not a stream")
+        _check_stream(response)
+        return response
     try:
         body = await _read_error_body(response)
     finally:
         response.release()
     raise http_error(request.provider, response.status, dict(response.headers), body)
+
+
+def _check_stream(response: aiohttp.ClientResponse) -> None:
+    """Refuse a 2xx answer that is a web page or a compressed body (closing it first).
+
+    Raises:
+        UpstreamProtocolError: The content type is a web page, or ``Content-Encoding`` names
+            anything but ``identity``.
+    """
+    encodings = [e.strip().lower() for e in response.headers.get("Content-Encoding", "").split(",")]
+    refused = [e for e in encodings if e not in ("", "identity")]
+    if refused:
+        response.close()
+        raise UpstreamProtocolError(
+            f"provider answered with Content-Encoding: {', '.join(refused)}, but the worker asked for identity "
+            "and never decompresses; configure the provider or the proxy in between not to compress the stream")
+    if response.content_type in HTML_TYPES:
+        response.close()
+        raise UpstreamProtocolError(f"provider answered HTTP {response.status} with a web page "
+                                    f"({response.content_type}), not a stream")
 
 
 async def _read_error_body(response: aiohttp.ClientResponse) -> bytes:

@@ -18,6 +18,11 @@ model                  answer
 ``context-too-long``   400 with the provider's "prompt too long" error body
 ``hang``               200 and headers, then nothing until the client leaves
 ``pings``              200, then only keep-alives (SSE comments, Anthropic ``ping``) forever
+``gzip-<case>``        the transcript gzip-compressed, sent with ``Content-Encoding: gzip``
+                       (whatever the request's ``Accept-Encoding``)
+``gzip-status-<code>`` that HTTP status with the provider's error body gzip-compressed
+``garbage``            200 (the framing's content type), then :data:`GARBAGE_BYTES` random bytes
+                       (seeded: the same bytes on every request)
 unknown                404 with the provider's error body
 =====================  ===========================================================================
 
@@ -30,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import hashlib
 import os
+import random
 import re
 import signal
 import sys
@@ -62,6 +69,17 @@ _CONTEXT_MESSAGES: Final = {
     "anthropic": "prompt is too long: 210000 tokens > 200000 maximum",
     "gemini": "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
 }
+
+
+GARBAGE_BYTES: Final = 4096
+"""Length of the ``garbage`` model's body."""
+GARBAGE_SEED: Final = 20260
+"""Seed of the ``garbage`` body; its first byte is neither SSE nor a JSON array start."""
+
+
+def garbage_body() -> bytes:
+    """Return the ``garbage`` model's body: :data:`GARBAGE_BYTES` seeded random bytes."""
+    return random.Random(GARBAGE_SEED).randbytes(GARBAGE_BYTES)  # noqa: S311 - test data, not a secret
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,6 +191,10 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
         return _error(provider_dir, 400, _CONTEXT_MESSAGES[_vendor(provider_dir)], code="context_length_exceeded")
     if model in ("hang", "pings"):
         return await _keep_open(request, provider_dir, pings=model == "pings")
+    if model == "garbage":
+        return await _stream(request, provider_dir, garbage_body(), state.config.delay_ms)
+    if model.startswith("gzip-"):
+        return await _gzipped(request, provider_dir, model[5:])
     delay_ms, case = state.config.delay_ms, model
     failing = re.fullmatch(r"fail(\d+)-(.+)", model)
     if failing:
@@ -189,13 +211,30 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
     return await _stream(request, provider_dir, path.read_bytes(), delay_ms)
 
 
+async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.StreamResponse:
+    """Answer ``gzip-<case>``/``gzip-status-<code>``: the body compressed, ``Content-Encoding: gzip``."""
+    state = request.app[STATE]
+    if case.startswith("status-") and case[7:].isdigit():
+        status = int(case[7:])
+        body = gzip.compress(error_body(provider_dir, status, f"simulated HTTP {status}, compressed"))
+        return web.Response(status=status, body=body, content_type="application/json",
+                            headers={"Content-Encoding": "gzip"})
+    path = _find(state.config.roots, provider_dir, case)
+    if path is None:
+        return _error(provider_dir, 404, f"no transcript named {case!r} to compress")
+    return await _stream(request, provider_dir, gzip.compress(path.read_bytes()), state.config.delay_ms,
+                         headers={"Content-Encoding": "gzip"})
+
+
 def _content_type(provider_dir: str) -> str:
     return "application/json" if provider_dir == "gemini_json_array" else "text/event-stream"
 
 
-async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms: int) -> web.StreamResponse:
+async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms: int,
+                  headers: dict[str, str] | None = None) -> web.StreamResponse:
     state = request.app[STATE]
-    response = web.StreamResponse(headers={"Content-Type": _content_type(provider_dir), "Cache-Control": "no-cache"})
+    response = web.StreamResponse(headers={"Content-Type": _content_type(provider_dir), "Cache-Control": "no-cache",
+                                           **(headers or {})})
     await response.prepare(request)
     size = max(1, state.config.chunk_bytes)
     outcome = "complete"

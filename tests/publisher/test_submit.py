@@ -107,6 +107,27 @@ async def test_submit_rejects_each_bad_field(ctx, change, field):
     assert await ctx.redis.xlen(ctx.keys.jobs) == 0
 
 
+@pytest.mark.parametrize("options", ["x", [1, 2], 5, True])
+async def test_submit_rejects_a_chat_stream_options_that_is_not_an_object(ctx, options):
+    body = {**BODY, "provider": "openai_chat", "request": {"messages": [], "stream_options": options}}
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 400
+        problem = await resp.json()
+    assert problem["type"] == "https://fanout.dev/problems/invalid-field"
+    assert "request.stream_options" in problem["detail"]
+    assert problem["errors"] == [{"field": "request.stream_options",
+                                  "detail": 'must be a JSON object (or absent), such as {"include_usage": true}'}]
+    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+
+
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}])
+async def test_submit_accepts_a_chat_stream_options_object_or_null(ctx, options):
+    body = {**BODY, "provider": "openai_chat", "request": {"messages": [], "stream_options": options}}
+    async with await submit(ctx.http, ctx.server, body) as resp:
+        assert resp.status == 201
+    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+
+
 async def test_submit_names_every_bad_and_missing_field_at_once(server, http):
     async with await submit(http, server, {"provider": "x", "extra": 1}) as resp:
         assert resp.status == 400

@@ -449,10 +449,44 @@ def test_thinking_block_gives_reasoning_text_and_signature_delta() -> None:
     assert reduce(events).blocks == [ReasoningBlock(index=0, text="Let me think", signature="c2lnMQ==")]
 
 
-def test_empty_thinking_delta_adds_nothing() -> None:
+def test_empty_thinking_block_never_exists_publicly() -> None:
+    # PROVIDERS.md 7.4: a block that never receives content never exists publicly.
     body = sse(msg_start(), block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
                delta(0, type="thinking_delta", thinking=""), block_stop(0), msg_delta("end_turn"), MSG_STOP)
-    assert lines(body)[1:3] == ["2 block.start #0 reasoning", "3 block.stop #0"]
+    assert lines(body)[1:] == ['2 stream.done completed, finish_reason stop, provider_finish_reason "end_turn", '
+                               'usage 5/9/null/null, response_id "msg_t1"']
+
+
+def test_empty_text_block_before_thinking_makes_no_block_and_indexes_close_ranks() -> None:
+    # An Anthropic-compatible proxy opens and closes an empty text block before the thinking block.
+    body = sse(msg_start(), block_start(0, {"type": "text", "text": ""}), block_stop(0),
+               block_start(1, {"type": "thinking", "thinking": "", "signature": ""}),
+               delta(1, type="thinking_delta", thinking="hm"), delta(1, type="signature_delta", signature="U0k="),
+               block_stop(1), block_start(2, {"type": "text", "text": ""}), delta(2, type="text_delta", text="Hi"),
+               block_stop(2), msg_delta("end_turn"), MSG_STOP)
+    events, _ = run(body)
+    assert [render(e) for e in events][1:8] == [
+        "2 block.start #0 reasoning", "3 block.delta #0 text 'hm'", "4 block.delta #0 signature 'U0k='",
+        "5 block.stop #0", "6 block.start #1 text", "7 block.delta #1 text 'Hi'", "8 block.stop #1",
+    ]
+    assert reduce(events).blocks == [ReasoningBlock(index=0, text="hm", signature="U0k="),
+                                     TextBlock(index=1, text="Hi")]
+
+
+def test_delta_after_the_stop_of_a_never_filled_block_still_fails() -> None:
+    body = sse(msg_start(), block_start(0, {"type": "text", "text": ""}), block_stop(0),
+               delta(0, type="text_delta", text="late"), msg_delta("end_turn"), MSG_STOP)
+    events, _ = run(body)
+    end = events[-1]
+    assert len(events) == 2
+    assert isinstance(end, StreamError)
+    assert (end.status, end.error.category) == ("failed", "protocol")
+    assert end.error.message == "upstream sent text_delta for a closed block index 0"
+
+
+def test_never_filled_block_left_open_at_end_turn_still_fails() -> None:
+    body = sse(msg_start(), block_start(0, {"type": "text", "text": ""}), msg_delta("end_turn"), MSG_STOP)
+    assert lines(body)[1:][0].startswith("2 stream.error failed, category protocol")
 
 
 def test_thinking_start_signature_is_sent_before_stop_when_no_signature_delta_comes() -> None:

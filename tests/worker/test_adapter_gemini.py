@@ -603,10 +603,38 @@ def test_usage_only_chunk_after_finish_updates_usage() -> None:
     assert end.usage == Usage(input_tokens=3, output_tokens=2)
 
 
-@pytest.mark.parametrize("late", [chunk(t("more")), chunk(fc("f")), chunk(th("more"))])
-def test_content_after_finish_fails_protocol_keeping_the_finish_reason(late: dict[str, Any]) -> None:
-    end = error_of(chunk(t("a"), finish="STOP"), late)
-    assert (end.status, end.error.category, end.finish_reason) == ("failed", "protocol", "stop")
+@pytest.mark.parametrize(("late", "blocks"), [
+    (chunk(t("more")), [TextBlock(index=0, text="amore")]),
+    (chunk(th("more")), [TextBlock(index=0, text="a"), ReasoningBlock(index=1, text="more")]),
+])
+def test_content_after_an_intermediate_finish_continues_and_the_last_finish_counts(
+        late: dict[str, Any], blocks: list[Any]) -> None:
+    # PROVIDERS.md 5.3 (amended): a finishReason followed by more content is not final.
+    events, ignored = run(chunk(t("a"), finish="STOP"), late, chunk(None, finish="MAX_TOKENS"))
+    end = events[-1]
+    assert isinstance(end, StreamDone)
+    assert (end.status, end.finish_reason, end.provider_finish_reason) == ("incomplete", "length", "MAX_TOKENS")
+    assert reduce(events).blocks == blocks
+    assert ignored["finishReason_not_final"] == 1
+
+
+def test_output_after_the_last_finish_reason_leaves_no_terminal() -> None:
+    end = last(chunk(t("a"), finish="STOP"), chunk(t("b")))
+    assert isinstance(end, StreamError)
+    assert (end.status, end.error.category, end.finish_reason) == ("interrupted", "transport", None)
+
+
+def test_stop_on_leading_empty_chunks_keeps_the_answer() -> None:
+    empty = {"candidates": [{"content": {"role": "model", "parts": []}, "finishReason": "STOP"}]}
+    events, _ = run(empty, empty, chunk(t("hi")), empty)
+    assert isinstance(events[-1], StreamDone)
+    assert reduce(events).blocks == [TextBlock(index=0, text="hi")]
+
+
+def test_function_call_after_an_intermediate_stop_is_a_tool_call_turn() -> None:
+    end = last(chunk(t("a"), finish="STOP"), chunk(fc("f"), finish="STOP"))
+    assert isinstance(end, StreamDone)
+    assert (end.status, end.finish_reason) == ("completed", "tool_calls")
 
 
 def test_empty_signed_part_after_finish_is_accepted() -> None:
@@ -615,10 +643,10 @@ def test_empty_signed_part_after_finish_is_accepted() -> None:
     assert isinstance(events[-1], StreamDone)
 
 
-def test_repeated_finish_reason_is_counted_and_the_first_wins() -> None:
+def test_repeated_finish_reason_is_counted_and_the_last_wins() -> None:
     events, ignored = run(chunk(t("a"), finish="STOP"), chunk(None, finish="MAX_TOKENS"))
     assert isinstance(events[-1], StreamDone)
-    assert events[-1].provider_finish_reason == "STOP"
+    assert events[-1].provider_finish_reason == "MAX_TOKENS"
     assert ignored == Counter({"finishReason_repeated": 1})
 
 

@@ -367,9 +367,9 @@ def test_done_without_finish_reason_fails_protocol() -> None:
 def test_finish_then_eof_is_interrupted_and_keeps_finish_and_usage() -> None:
     usage = {"prompt_tokens": 4, "completion_tokens": 2}
     events = replay(chunk({"content": "hi"}) + chunk({}, "stop", usage=usage))
-    assert short(events)[-2:] == [
-        "4 block.stop #0",
-        "5 stream.error interrupted transport retryable=True code=None finish=stop usage=4/2/null/null",
+    assert short(events)[-2:] == [  # the finish_reason is not the end: the block stays open, no fake stop
+        "3 block.delta #0 text 'hi'",
+        "4 stream.error interrupted transport retryable=True code=None finish=stop usage=4/2/null/null",
     ]
 
 
@@ -386,18 +386,28 @@ def test_response_id_and_model_come_from_first_nonempty_chunk() -> None:
     assert (done.response_id, done.model) == ("chatcmpl-t1", "m-1")
 
 
-def test_repeated_finish_reason_is_ignored() -> None:
+def test_repeated_finish_reason_is_counted_and_the_last_one_counts() -> None:
     events, ignored = replay_counted(chunk({"content": "x"}, "stop") + chunk({}, "length") + DONE)
-    assert last(events).startswith("5 stream.done completed finish=stop provider=stop")
+    assert last(events).startswith("5 stream.done incomplete finish=length provider=length")
     assert ignored["repeated_finish_reason"] == 1
 
 
-def test_output_after_finish_reason_fails_protocol() -> None:
-    events = replay(chunk({"content": "a"}, "stop") + chunk({"content": "b"}) + DONE)
-    assert short(events)[-2:] == [
-        "4 block.stop #0",
-        "5 stream.error failed protocol retryable=False code=None finish=None usage=null",
+def test_output_after_finish_reason_continues_the_same_block() -> None:
+    # PROVIDERS.md 2.2 (amended): relays stamp finish_reason on chunks that still carry content.
+    events = replay(chunk({"content": "a"}, "stop") + chunk({"content": "b"}, "stop") + chunk({}, "stop") + DONE)
+    assert short(events)[1:] == [
+        "2 block.start #0 text", "3 block.delta #0 text 'a'", "4 block.delta #0 text 'b'", "5 block.stop #0",
+        "6 stream.done completed finish=stop provider=stop usage=null id=chatcmpl-t1",
     ]
+
+
+def test_new_kind_after_finish_reason_opens_the_next_block() -> None:
+    tool = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                            "function": {"name": "f", "arguments": "{}"}}]}
+    events = replay(chunk({"content": "a"}, "stop") + chunk(tool, "tool_calls") + DONE)
+    assert short(events)[3:6] == ["4 block.stop #0", "5 block.start #1 tool_call call_1 f",
+                                  "6 block.delta #1 json_text '{}'"]
+    assert last(events).startswith("8 stream.done completed finish=tool_calls provider=tool_calls")
 
 
 # -- errors ------------------------------------------------------------------
@@ -429,8 +439,8 @@ def test_finish_reason_error_without_error_object_fails_upstream_error() -> None
 def test_error_after_finish_carries_the_finish_reason() -> None:
     err = data({"error": {"message": "late", "type": "server_error"}})
     events = replay(chunk({"content": "a"}, "stop") + err + DONE)
-    assert last(events) == (
-        "5 stream.error failed upstream_error retryable=True code=server_error finish=stop usage=null"
+    assert last(events) == (  # the block is still open (only [DONE] closes it): no block.stop first
+        "4 stream.error failed upstream_error retryable=True code=server_error finish=stop usage=null"
     )
 
 
@@ -525,8 +535,14 @@ def test_content_filter_finish_is_incomplete() -> None:
 
 
 def test_unknown_finish_reason_is_incomplete_other() -> None:
-    events = replay(chunk({"content": "x"}, "eos_token") + DONE)
-    assert last(events).startswith("5 stream.done incomplete finish=other provider=eos_token")
+    events = replay(chunk({"content": "x"}, "abort") + DONE)
+    assert last(events).startswith("5 stream.done incomplete finish=other provider=abort")
+
+
+@pytest.mark.parametrize("raw", ["eos", "eos_token"])
+def test_eos_spellings_are_a_normal_stop(raw: str) -> None:
+    events = replay(chunk({"content": "x"}, raw) + DONE)
+    assert last(events).startswith(f"5 stream.done completed finish=stop provider={raw}")
 
 
 def test_late_content_filter_choice_without_delta_neither_reopens_nor_ends() -> None:

@@ -102,6 +102,17 @@ def _ending(event: StreamDone | StreamError) -> tuple[str, str]:
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
+def _ends_on_line_break(prefix: bytes) -> bool:
+    """Whether ``prefix`` ends right after a line terminator (same reference splitter as below).
+
+    Such a prefix ends cleanly for the SSE decoder: a pending event whose lines were all
+    terminated is dispatched when its data decodes whole (PROVIDERS.md 1, amended), and
+    the body counts as cut otherwise.
+    """
+    lines = _LINE_BREAK.split(prefix)
+    return len(lines) >= 2 and lines[-1] == b""
+
+
 def _ends_on_blank_line(prefix: bytes) -> bool:
     """Whether ``prefix`` ends right after a blank line (an SSE event boundary).
 
@@ -491,12 +502,14 @@ def test_truncation_at_any_offset(case: tuple[Path, int], sizes: list[int]) -> N
       For every framing but Gemini SSE that is the only other outcome, since the end of
       the body proves nothing there (and a JSON array without its ``]`` never ends cleanly);
     * Gemini SSE: a ``finishReason`` is proven only by the clean end of the body, and a
-      cut exactly on an event boundary (after a blank line) after the ``finishReason``
-      chunk *is* such an end: the bytes cannot tell it from a complete response. There
-      the prefix may end ``stream.done`` with the full body's ``finish_reason`` (after
-      the ``block.stop`` events of the blocks the end closed), or ``failed``/``protocol``
-      when that end is impossible (``STOP`` with a streamed call open). A cut inside an
-      event (the last one included, even its final blank line's LF) ends ``interrupted``.
+      cut right after a line terminator after the ``finishReason`` chunk *is* such an
+      end: on an event boundary (after a blank line), or after the chunk's own ``data:``
+      line, since a pending event whose lines were all terminated and whose data decodes
+      whole is dispatched at a clean end (PROVIDERS.md 1, amended). The bytes cannot tell
+      it from a complete response. There the prefix may end ``stream.done`` with the
+      full body's ``finish_reason`` (after the ``block.stop`` events of the blocks the
+      end closed), or ``failed``/``protocol`` when that end is impossible (``STOP`` with
+      a streamed call open). A cut inside a line ends ``interrupted``.
     """
     path, cut = case
     kind = _kind(path)
@@ -507,7 +520,7 @@ def test_truncation_at_any_offset(case: tuple[Path, int], sizes: list[int]) -> N
     if cut_events == full:
         return
     before = cut_events[:-1]
-    clean_gemini_end = path.parent.name == "gemini_sse" and _ends_on_blank_line(body[:cut])
+    clean_gemini_end = path.parent.name == "gemini_sse" and _ends_on_line_break(body[:cut])
     if isinstance(terminal, StreamDone):
         assert clean_gemini_end, (path.name, cut, terminal)
         assert terminal.finish_reason == full[-1].finish_reason  # type: ignore[union-attr]
@@ -520,15 +533,41 @@ def test_truncation_at_any_offset(case: tuple[Path, int], sizes: list[int]) -> N
     assert before == full[: len(before)], (path.name, cut)
 
 
+SSE_TRANSCRIPTS = [p for p in TRANSCRIPTS if _kind(p)[1] == "sse"]
+
+
+@pytest.mark.parametrize("path", SSE_TRANSCRIPTS, ids=[f"{p.parent.name}/{p.stem}" for p in SSE_TRANSCRIPTS])
+def test_dropping_the_final_blank_line_changes_nothing(path: Path) -> None:
+    """Every SSE transcript without its last blank line (a gateway dropped it) gives the same events.
+
+    The last event's lines are all terminated, so it is dispatched at the clean end when
+    its data decodes whole (PROVIDERS.md 1, amended); when it does not (a malformed last
+    payload), the body counts as cut: the same events up to the terminal, which is then
+    ``interrupted``/``transport``. Transcripts whose last bytes are not a complete event
+    followed by one blank line are skipped.
+    """
+    body = path.read_bytes()
+    for blank in (b"\r\n", b"\n", b"\r"):
+        if body.endswith(blank) and _ends_on_blank_line(body) and not _ends_on_blank_line(body[: -len(blank)]):
+            break
+    else:
+        pytest.skip("the body does not end with one blank line after a terminated event")
+    full, stripped = _replay(body, _kind(path)), _replay(body[: -len(blank)], _kind(path), [1])
+    if stripped != full:
+        assert _ending(_assert_sound(stripped)) == ("interrupted", "transport")
+        assert stripped[:-1] == full[: len(stripped) - 1]
+
+
 @pytest.mark.parametrize("path", TRANSCRIPTS, ids=[f"{p.parent.name}/{p.stem}" for p in TRANSCRIPTS])
 def test_cut_inside_the_last_event_is_never_done(path: Path) -> None:
     """Every transcript cut inside its last bytes (not on an event boundary) never proves an end it did not see.
 
     Each of the last 4 offsets that does not fall right after a blank line leaves the
     last event (or the array) unfinished: the events are the full body's (its terminal
-    came earlier) or end ``interrupted``/``transport``, for every provider, Gemini SSE
-    included (where the terminal needs the clean end of the body). Deterministic: every
-    transcript, in 1-byte reads.
+    came earlier, or the cut fell after the last event's terminated data line, which is
+    dispatched at the clean end) or end ``interrupted``/``transport``, for every
+    provider, Gemini SSE included (where the terminal needs the clean end of the body).
+    Deterministic: every transcript, in 1-byte reads.
     """
     kind = _kind(path)
     body = path.read_bytes()

@@ -25,19 +25,60 @@ def test_start_is_seq_one_with_clock_time() -> None:
 def test_stored_start_is_not_emitted_again_and_seq_continues() -> None:
     norm = make(stored_seq=1)
     assert norm.take() == []
-    norm.open_block("k", "text")
+    norm.open_block("k", "tool_call", call_id="c", name="f")
     (event,) = norm.take()
     assert event.seq == 2
 
 
-def test_blocks_get_indexes_in_opening_order() -> None:
+def test_blocks_get_indexes_in_order_of_public_start() -> None:
     norm = make()
     norm.open_block("late", "text")
+    norm.delta("late", "text", "x")
     norm.open_block(("tool", 9), "tool_call", call_id="c", name="f")
     starts = [e for e in norm.take() if isinstance(e, BlockStart)]
     assert [(s.block.index, s.block.id) for s in starts] == [(0, "b0"), (1, "b1")]
     assert starts[1].tool is not None
     assert starts[1].tool.call_id == "c"
+
+
+@pytest.mark.parametrize("kind", ["text", "reasoning", "refusal"])
+def test_block_without_content_never_starts_and_the_next_takes_its_index(kind: str) -> None:
+    norm = make()
+    norm.take()
+    norm.open_block("empty", kind)  # type: ignore[arg-type]
+    norm.delta("empty", "text", "")
+    assert norm.is_open("empty")
+    assert norm.kind_of("empty") == kind
+    norm.close_block("empty")
+    assert norm.take() == []
+    norm.open_block("next", "text")
+    norm.delta("next", "signature", "S")
+    norm.close_block("next")
+    start, delta, stop = norm.take()
+    assert isinstance(start, BlockStart)
+    assert isinstance(delta, BlockDelta)
+    assert isinstance(stop, BlockStop)
+    assert (start.block.index, start.block.id, start.seq) == (0, "b0", 2)
+    assert norm.block_count == 1
+
+
+def test_tool_call_starts_at_once_even_without_arguments() -> None:
+    norm = make()
+    norm.take()
+    norm.open_block("t", "tool_call", call_id="c", name="f")
+    (start,) = norm.take()
+    assert isinstance(start, BlockStart)
+    assert start.block.kind == "tool_call"
+
+
+def test_held_block_closed_by_close_all_emits_nothing() -> None:
+    norm = make()
+    norm.take()
+    norm.open_block("k", "text")
+    norm.close_all()
+    norm.done(status="incomplete", finish_reason="length", provider_finish_reason="max_tokens")
+    (done,) = norm.take()
+    assert isinstance(done, StreamDone)
 
 
 def test_empty_delta_adds_nothing() -> None:
@@ -95,8 +136,7 @@ def test_stop_is_derived_from_the_blocks(kinds: list[str], expected: str) -> Non
     norm = make()
     for i, kind in enumerate(kinds):
         norm.open_block(i, kind, call_id="c", name="f")  # type: ignore[arg-type]
-        if kind == "tool_call":
-            norm.delta(i, "json_text", "{}")
+        norm.delta(i, "json_text" if kind == "tool_call" else "text", "{}")
         norm.close_block(i)
     norm.done(status="completed", finish_reason="stop", provider_finish_reason="stop")
     last = norm.take()[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import codecs
 import itertools
 import json
 import re
@@ -107,15 +108,44 @@ def test_utf8_split_across_reads() -> None:
     assert decode(one_byte_reads(body))[0] == [msg("crème 🦊")]
 
 
-def test_invalid_utf8_becomes_replacement_character() -> None:
-    assert whole(b"event: e\xff\ndata: a\xc3(\xf0\x9f\xa6\n\n") == [msg("a\ufffd(\ufffd", event="e\ufffd")]
+def test_invalid_utf8_after_the_first_line_becomes_replacement_character() -> None:
+    body = b": ok\nevent: e\xff\ndata: a\xc3(\xf0\x9f\xa6\n\n"
+    assert whole(body) == [msg("a\ufffd(\ufffd", event="e\ufffd")]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b"\x8f\x02\xa4junk\n\n", "not UTF-8"), (b"event: e\xff\ndata: a\n\n", "not UTF-8"),
+    (b"<!DOCTYPE html>\n<html>\n", "not an SSE field"), (b"Internal Server Error\n", "not an SSE field"),
+    (b'[{"candidates": []}]\n', "not an SSE field"), (b"\n\n7\n\n", "not an SSE field"),
+    (b"\x1f\x8b\x08\x00", "not UTF-8"), (b"binary blob without newline \x00\x01", "not an SSE field"),
+])
+def test_a_body_whose_first_line_is_not_sse_is_refused(body: bytes, words: str) -> None:
+    for pieces in ([body], one_byte_reads(body)):
+        frames, error = outcome(pieces)
+        assert (frames, error) == ([], UpstreamProtocolError)
+    with pytest.raises(UpstreamProtocolError) as caught:
+        decode([body])
+    assert words in caught.value.message
+    assert caught.value.message.startswith("upstream body is not an SSE stream")
+
+
+@pytest.mark.parametrize("body", [b"da", b"event", b"data", b": keep-al", b"  {", b"x-vendor", b"\xef\xbb"])
+def test_a_body_cut_inside_a_possible_first_line_is_a_cut_not_a_refusal(body: bytes) -> None:
+    assert decode([body]) == ([], SSEEnd(frames=[], truncated=True))
+
+
+def test_unknown_token_field_as_first_line_is_accepted_and_ignored() -> None:
+    assert whole(b"x-request-id: 42\ndata: a\n\n") == [msg("a")]
 
 
 def test_bom_stripped_once() -> None:
     bom = b"\xef\xbb\xbf"
     assert whole(bom + b"data: a\n\n") == [msg("a")]
-    # A second BOM is part of the first field name, so that field is unknown.
-    assert whole(bom + bom + b"data: a\n\ndata: b\n\n") == [msg("b")]
+    # A second BOM is part of the first field name, which is then not a field name:
+    # the body does not start like an event stream and is refused.
+    with pytest.raises(UpstreamProtocolError):
+        whole(bom + bom + b"data: a\n\ndata: b\n\n")
+    assert whole(bom + b": c\n" + bom + b"data: a\n\ndata: b\n\n") == [msg("b")]
 
 
 def test_bom_split_across_reads_stripped() -> None:
@@ -216,6 +246,28 @@ def test_dataless_block_dispatches_nothing() -> None:
 
 def test_unterminated_event_at_eof_is_truncated_not_parsed() -> None:
     assert decode([b"data: a\n\ndata: b\n"]) == ([msg("a")], SSEEnd(frames=[], truncated=True))
+
+
+@pytest.mark.parametrize(("body", "data"), [
+    (b'data: {"a": 1}\n', '{"a": 1}'), (b'data: {"a": 1}\r\n', '{"a": 1}'), (b'data: {"a": 1}\r', '{"a": 1}'),
+    (b'data: {"a":\ndata: 1}\n', '{"a":\n1}'), (b'event: x\nid: 3\ndata: {"a": 1}\n', '{"a": 1}'),
+    (b"data: 5\n", "5"),
+])
+def test_terminated_last_event_without_blank_line_is_dispatched_when_its_data_decodes(body: bytes, data: str) -> None:
+    # PROVIDERS.md 1 (amended): a gateway that drops the final blank line.
+    frames, end = decode(one_byte_reads(body))
+    assert end.truncated is False
+    assert [f.data for f in frames if isinstance(f, SSEFrame)] == [data]
+
+
+def test_terminated_done_without_blank_line_is_dispatched() -> None:
+    assert decode([b"data: [DONE]\n"]) == ([msg("[DONE]")], SSEEnd(frames=[msg("[DONE]")], truncated=False))
+
+
+@pytest.mark.parametrize("body", [b'data: {"a":\n', b"data: [DONE] x\n", b"data: nope\n", b"event: x\n",
+                                  b'data: {"a": 1}'])
+def test_last_event_whose_data_does_not_decode_or_line_is_unterminated_is_cut(body: bytes) -> None:
+    assert decode([body]) == ([], SSEEnd(frames=[], truncated=True))
 
 
 def test_unfinished_line_at_eof_is_truncated() -> None:
@@ -468,8 +520,48 @@ def test_any_split_of_transcripts_gives_same_frames(data: st.DataObject, path: P
 # --- against a literal reading of the spec ------------------------------------------------
 
 
-def reference(body: bytes) -> tuple[list[Frame], bool]:
-    """WHATWG steps on the whole decoded body, no raw JSON mode: the oracle."""
+_FIRST_LINE = re.compile(rb":|[ \t]*\{|[A-Za-z0-9_.-]+:|(?:data|event|id|retry)\Z")
+_FIRST_PREFIX = re.compile(rb":|[ \t]*\{|[A-Za-z0-9_.-]*(?::|\Z)")
+
+
+def _first_line_refused(body: bytes) -> bool:
+    """The oracle of the first-line check: the first non-empty line (or the unterminated rest)."""
+    raw = body.removeprefix(b"\xef\xbb\xbf")
+    *complete, tail = re.split(rb"\r\n|\r|\n", raw)
+    line = next((x for x in complete if x), None)
+    if line is not None:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+        return _FIRST_LINE.match(line) is None
+    if not tail or b"\xef\xbb\xbf".startswith(tail):
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(tail, final=False)
+    except UnicodeDecodeError:
+        return True
+    return _FIRST_PREFIX.match(tail) is None
+
+
+def _whole_json(data: list[str]) -> bool:
+    text = "\n".join(data)
+    if text == "[DONE]":
+        return True
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def reference(body: bytes) -> tuple[list[Frame], object]:
+    """WHATWG steps on the whole decoded body, no raw JSON mode, with the two amendments: the oracle.
+
+    Returns the frames and ``truncated``, or ``UpstreamProtocolError`` when the first line is refused.
+    """
+    if _first_line_refused(body):
+        return [], UpstreamProtocolError
     text = body.decode("utf-8", "replace").removeprefix("\ufeff")
     *lines, tail = re.split("\r\n|\r|\n", text)
     frames: list[Frame] = []
@@ -501,6 +593,9 @@ def reference(body: bytes) -> tuple[list[Frame], bool]:
             last_id = value
         elif name == "retry" and value and len(value) <= 18 and all(c in "0123456789" for c in value):
             retry = int(value)
+    if not tail and pending and data and _whole_json(data):
+        frames.append(SSEFrame(event=event or "message", data="\n".join(data), id=last_id or None, retry_ms=retry))
+        return frames, False
     return frames, bool(tail) or pending
 
 
@@ -543,14 +638,15 @@ NO_BRACE_BODIES = st.one_of(
 @given(case=body_and_cuts(NO_BRACE_BODIES))
 def test_matches_reference_reading_of_the_spec(case: tuple[bytes, list[int]]) -> None:
     body, cuts = case
-    frames, end = decode(split_at(body, cuts))
-    assert (frames, end.truncated) == reference(body)
+    expected = reference(body)
+    got = outcome(split_at(body, cuts))
+    assert (got if expected[1] is not UpstreamProtocolError else ([], got[1])) == expected
 
 
 # --- purity -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["sse.py", "jsonscan.py"])
+@pytest.mark.parametrize("module", ["sse.py", "sse_lines.py", "jsonscan.py"])
 def test_module_imports_no_io(module: str) -> None:
     tree = ast.parse((MODULES / module).read_text(encoding="utf-8"))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import msgspec
@@ -13,7 +14,7 @@ from schema.contract import encode_event
 from schema.reducer import reduce
 from schema.validate import validate
 from tests.compact import compact, expected_view
-from worker.replay import replay_file
+from worker.replay import replay_file, replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = sorted((ROOT / "transcripts").glob("*/*.sse"))
@@ -57,3 +58,18 @@ def test_shared_case_assembles_to_expected_result(path: Path) -> None:
     got = compact(reduce(events))
     assert got == expected_view(case, got), case.get("note")
     assert msgspec.json.decode(encode_event(events[-1]))["type"] in ("stream.done", "stream.error")
+
+
+SSE_PATHS = [p for p in TRANSCRIPTS + CASES if p.parent.name != "gemini_json_array"]
+
+
+@pytest.mark.parametrize("path", SSE_PATHS, ids=_ids(SSE_PATHS))
+def test_comments_inserted_at_every_event_boundary_change_nothing(path: Path) -> None:
+    """The insertion property, deterministically over every SSE transcript: a keep-alive
+    comment before the first event and after every blank line changes no event."""
+    body = path.read_bytes()
+    noisy = b": keep-alive\n\n" + re.sub(rb"(\r\n\r\n|\n\n|\r\r)", rb"\1: keep-alive\n\n", body)
+    events, _ = replay_file(path)
+    noisy_events, _ = replay_reads([noisy], provider=events[0].provider,  # type: ignore[attr-defined]
+                                   framing="sse")
+    assert noisy_events == events

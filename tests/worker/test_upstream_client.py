@@ -6,11 +6,12 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
 from schema.contract import BlockDelta, StreamDone, StreamError, StreamStart
-from schema.errors import UpstreamHTTPError
+from schema.errors import FanoutError, UpstreamHTTPError, UpstreamProtocolError
 from schema.keys import Keys
 from tests.worker.support import (
     fake_upstream,
@@ -309,3 +310,112 @@ def test_credentials_come_from_the_environment_and_never_show() -> None:
     assert credentials.key("openai") == "sk-abc12345678"
     assert credentials.key("anthropic") == ""
     assert repr(credentials) == "Credentials(openai=set, anthropic=unset, gemini=set)"
+
+
+# -- bodies the worker refuses ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "anthropic", "gemini"])
+async def test_compressed_stream_is_refused_failed_protocol_and_not_retried(
+        provider: str, redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    case = {"openai_chat": "simple_text_cyrillic_usage_chunk", "anthropic": "simple_text_ping_and_padding",
+            "gemini": "simple_text_crlf"}[provider]
+    async with fake_upstream() as (base, _state):
+        async with running_worker(settings_for(base, redis_url, keys, max_retries=2), keys):
+            job = make_job(provider, f"gzip-{case}")
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        requests = await recorded(base)
+    assert len(requests) == 1
+    assert requests[0]["headers"]["Accept-Encoding"] == "identity"
+    events = await stored_events(redis_client, keys, job.stream_id)
+    assert [type(e).__name__ for e in events] == ["StreamStart", "StreamError"]
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "protocol", False)
+    assert "Content-Encoding: gzip" in last.error.message
+    assert "not to compress" in last.error.message
+
+
+async def test_open_stream_refuses_any_encoding_but_identity() -> None:
+    async with fake_upstream() as (base, _state):
+        config = WorkerSettings(anthropic_base_url=base)
+        request = build_request(make_job("anthropic", "gzip-simple_text_ping_and_padding"), config, KEYS)
+        async with new_session(config) as session:
+            with pytest.raises(UpstreamProtocolError) as caught:
+                await open_stream(session, request)
+    assert caught.value.category == "protocol"
+    assert "Content-Encoding: gzip" in caught.value.message
+
+
+async def test_compressed_error_body_is_never_decompressed() -> None:
+    # Were the session decompressing, the provider's message would be read out of the body.
+    async with fake_upstream() as (base, _state):
+        error = await _open_error(base, "anthropic", "gzip-status-403")
+    assert (error.status, error.category, error.retryable) == (403, "permission", False)
+    assert error.message == "provider answered HTTP 403"
+    assert error.provider_code is None
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+async def test_random_bytes_body_is_failed_protocol_and_not_retried(
+        provider: str, redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fake_upstream() as (base, _state):
+        async with running_worker(settings_for(base, redis_url, keys, max_retries=2), keys):
+            job = make_job(provider, "garbage")
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        requests = await recorded(base)
+    assert len(requests) == 1
+    last = (await stored_events(redis_client, keys, job.stream_id))[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "protocol", False)
+    assert last.error.message.startswith("upstream body is not an SSE stream: it is not UTF-8 text")
+
+
+async def test_random_bytes_json_array_body_is_failed_protocol_and_not_retried(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fake_upstream() as (base, _state):
+        settings = settings_for(base, redis_url, keys, max_retries=2, gemini_framing="json_array")
+        async with running_worker(settings, keys):
+            job = make_job("gemini", "garbage")
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        requests = await recorded(base)
+    assert len(requests) == 1
+    last = (await stored_events(redis_client, keys, job.stream_id))[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "protocol", False)
+    assert last.error.message == "malformed JSON array: expected '[' before '[', got b'V' at byte 0"
+
+
+@pytest.mark.parametrize("options", ["x", [1, 2], 5])
+def test_build_request_refuses_a_chat_stream_options_that_is_not_an_object(options: object) -> None:
+    job = make_job("openai_chat", "m1", request={"messages": [], "stream_options": options})
+    with pytest.raises(FanoutError) as caught:
+        build_request(job, WorkerSettings(), KEYS)
+    assert (caught.value.category, caught.value.retryable) == ("invalid_request", False)
+    assert "request.stream_options must be a JSON object" in caught.value.message
+
+
+def test_build_request_keeps_the_callers_stream_options_and_adds_usage() -> None:
+    job = make_job("openai_chat", "m1", request={"messages": [], "stream_options": {"include_obfuscation": False}})
+    body = msgspec.json.decode(build_request(job, WorkerSettings(), KEYS).body)
+    assert body["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+
+
+async def test_job_with_a_bad_stream_options_ends_invalid_request_without_calling_the_provider(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fake_upstream() as (base, _state):
+        async with running_worker(settings_for(base, redis_url, keys, max_retries=2), keys):
+            job = make_job("openai_chat", "simple_text_cyrillic_usage_chunk",
+                           request={"messages": [], "stream_options": [1, 2]})
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        assert await recorded(base) == []
+    events = await stored_events(redis_client, keys, job.stream_id)
+    assert [type(e).__name__ for e in events] == ["StreamStart", "StreamError"]
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "invalid_request", False)
+    assert "request.stream_options" in last.error.message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import signal
 import sys
@@ -14,7 +15,7 @@ import msgspec
 import pytest
 
 from tests.worker.support import GUARD_S, fake_upstream
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
+from worker.upstream_server import DEFAULT_ROOTS, GARBAGE_BYTES, ServerConfig, garbage_body
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = DEFAULT_ROOTS[1]
@@ -147,3 +148,32 @@ async def test_fanout_upstream_command_serves_until_sigterm(tmp_path: Path) -> N
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_gzip_model_sends_the_compressed_transcript_with_its_encoding() -> None:
+    async with fake_upstream() as (base, _state), aiohttp.ClientSession(auto_decompress=False) as s:
+        response = await _post(s, base, "anthropic", "gzip-simple_text_ping_and_padding")
+        raw = await response.read()
+    assert (response.status, response.headers["Content-Encoding"]) == (200, "gzip")
+    assert gzip.decompress(raw) == (CASES / "anthropic" / "simple_text_ping_and_padding.sse").read_bytes()
+
+
+async def test_gzip_status_model_sends_a_compressed_error_body() -> None:
+    async with fake_upstream() as (base, _state), aiohttp.ClientSession(auto_decompress=False) as s:
+        response = await _post(s, base, "openai_chat", "gzip-status-403")
+        raw = await response.read()
+    assert (response.status, response.headers["Content-Encoding"]) == (403, "gzip")
+    assert msgspec.json.decode(gzip.decompress(raw))["error"]["message"] == "simulated HTTP 403, compressed"
+
+
+@pytest.mark.parametrize("directory", ["openai_chat", "gemini_json_array"])
+async def test_garbage_model_sends_the_same_random_bytes_every_time(directory: str) -> None:
+    async with fake_upstream() as (base, _state), aiohttp.ClientSession() as s:
+        bodies = []
+        for _ in range(2):
+            response = await _post(s, base, directory, "garbage")
+            bodies.append(await response.read())
+    assert response.status == 200
+    assert bodies[0] == bodies[1] == garbage_body()
+    assert len(bodies[0]) == GARBAGE_BYTES
+    assert bodies[0][:1] not in (b"[", b"{", b":", b" ", b"\n", b"\r", b"\t")

@@ -40,6 +40,12 @@ Quirks handled:
   text, ``signature_delta`` → ``signature`` delta); ``redacted_thinking`` → reasoning with
   ``redacted: true`` and its ``data`` as one signature delta; ``tool_use`` → tool_call
   (``input_json_delta`` pieces as ``json_text``). Empty pieces add nothing.
+* A text or thinking block that never receives content (some Anthropic-compatible
+  proxies open and stop an empty ``text`` block before the thinking block) never exists
+  publicly: its ``block.start`` waits for its first content (the normalizer holds it),
+  its ``content_block_stop`` then emits nothing, and the contract indexes of the blocks
+  that follow close ranks (PROVIDERS.md 7.4). Provider ``index`` values still address
+  the blocks, so a delta for that index after its stop is still a protocol failure.
 * Values given whole on ``content_block_start`` are not lost: non-empty ``text`` or
   ``thinking`` opens the block's text; a non-empty ``input`` (or thinking ``signature``)
   with no delta of that kind is sent as one delta, serialized once, just before the

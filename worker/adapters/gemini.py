@@ -8,7 +8,11 @@ or opentelemetry.
 
 Terminal signals (PROVIDERS.md 5.3 and section 7). A ``finishReason`` is proven only by
 the clean end of the body (SSE) or the closing ``]`` (JSON array), so ``stream.done`` is
-emitted from :meth:`GeminiAdapter._finish`, after closing every block::
+emitted from :meth:`GeminiAdapter._finish`, after closing every block. A ``finishReason``
+followed by more content is not final (amended 5.3: Gemini 2.5 sends an intermediate
+``STOP`` inside a built-in code-execution turn, 0xPlaygrounds/rig#2328; gateways stamp
+``STOP`` on leading empty chunks, Chevey339/kelivo#1003): content after it continues
+the stream and the **last** ``finishReason`` counts, if only the end of the body follows it::
 
     signal                                                  status       finish_reason      category
     ------------------------------------------------------  -----------  -----------------  ---------------
@@ -22,10 +26,10 @@ emitted from :meth:`GeminiAdapter._finish`, after closing every block::
     {"error": {code, message, status}} as a data event,     failed       finish seen/null   by status, then
       an array element or raw JSON in the SSE body                                          code (gemini_parts)
     promptFeedback.blockReason with no candidates           failed       null               content_filter
-    malformed JSON; content after finishReason; a           failed       finish seen/null   protocol
-      streamed call open at STOP; bad partialArgs
-    body ends without finishReason, inside a frame, or      interrupted  finish seen/null   transport
-      the array never closes
+    malformed JSON; a streamed call open at STOP;           failed       finish seen/null   protocol
+      bad partialArgs
+    body ends without finishReason (or with output after    interrupted  finish seen/null   transport
+      the last one), inside a frame, or the array never closes
 
 Quirks handled (PROVIDERS.md 5.2, 5.4; decisions where the docs are silent marked *):
 
@@ -48,9 +52,13 @@ Quirks handled (PROVIDERS.md 5.2, 5.4; decisions where the docs are silent marke
   ``inlineData`` and unknown parts are not blocks in v1: counted as ``part:<name>``, their
   signatures dropped with them. Candidates with ``index`` != 0 are counted.
 * ``content`` missing, ``{}`` or without ``parts``; finish-only and usage-only chunks.
-* *Parts with content (non-empty text, a ``functionCall``) after a ``finishReason`` chunk
-  are ``failed``/``protocol``; usage-only chunks and empty signed parts after it are
-  accepted. A repeated ``finishReason`` is counted; the first one wins.
+* A part with output (non-empty text, a ``functionCall``, ``executableCode``, any part
+  but an empty text or a bare signature) after a ``finishReason`` continues the stream
+  (the open block when the kind is unchanged) and makes that ``finishReason`` not final
+  (counted as ``finishReason_not_final``): the body must then carry another one, else
+  its end is ``interrupted``. Usage-only chunks and empty signed parts after a
+  ``finishReason`` leave it final. A ``finishReason`` repeated without output between
+  is counted (``finishReason_repeated``); the last one counts. Usage is the last report.
 * Usage is the latest ``usageMetadata`` snapshot holding a token count (gemini_parts);
   ``response_id`` = ``responseId``, ``model`` = ``modelVersion`` (latest seen).
 * *Vertex streamed arguments are supported: ``functionCall {name, willContinue: true}``
@@ -174,8 +182,9 @@ class GeminiAdapter(Adapter):
     def _part(self, part: object) -> None:
         if not isinstance(part, dict):
             raise UpstreamProtocolError("upstream sent a content part that is not an object")
-        if self._finish_raw is not None and has_content(part):
-            raise UpstreamProtocolError("upstream sent content after the finishReason")
+        if self._finish_raw is not None and has_content(part, _INERT_KEYS):
+            self._finish_raw = None  # that finishReason was not final (PROVIDERS.md 5.3, amended)
+            self.norm.ignore("finishReason_not_final")
         handler = next((h for k, h in self._PARTS.items() if k in part), None)
         if handler is not None:
             handler(self, part)
@@ -288,9 +297,8 @@ class GeminiAdapter(Adapter):
 
     def _on_finish(self, raw: str) -> None:
         if self._finish_raw is not None:
-            self.norm.ignore("finishReason_repeated")
-        else:
-            self._finish_raw = raw
+            self.norm.ignore("finishReason_repeated")  # counted; the last one counts
+        self._finish_raw = raw
 
     def _finish_reason(self) -> FinishReason | None:
         return finish_terminal(self._finish_raw)[1] if self._finish_raw else None

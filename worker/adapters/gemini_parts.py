@@ -262,10 +262,14 @@ def signature_of(part: dict[str, Any]) -> str | None:
     return signature if isinstance(signature, str) and signature else None
 
 
-def has_content(part: dict[str, Any]) -> bool:
-    """Whether a part carries output (non-empty text or a ``functionCall``)."""
+def has_content(part: dict[str, Any], inert: frozenset[str]) -> bool:
+    """Whether a part is model output: non-empty text, or any key beyond ``text`` and ``inert``.
+
+    A ``functionCall``, ``executableCode`` or ``codeExecutionResult`` is output even when
+    it makes no contract block; an empty text part or a bare signature is not.
+    """
     text = part.get("text")
-    return "functionCall" in part or (isinstance(text, str) and text != "")
+    return (isinstance(text, str) and text != "") or bool(part.keys() - inert - {"text"})
 
 
 def args_text(args: object) -> str:

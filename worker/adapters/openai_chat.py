@@ -8,15 +8,21 @@ opentelemetry.
 
 Terminal signals, the only ones that end a stream here. A normal end needs a
 ``finish_reason`` on choice 0 **and then** ``data: [DONE]`` (checked with
-``startswith("[DONE]")``, as the official SDK does):
+``startswith("[DONE]")``, as the official SDK does). ``[DONE]`` ends a Chat stream; a
+``finish_reason`` does not: content after it continues the stream (the same block when
+the kind is unchanged; relays stamp ``stop`` on chunks that still carry content,
+one-hub#402), and the **last** ``finish_reason`` before ``[DONE]`` is the one that counts
+(PROVIDERS.md 2.2, amended):
 
-| ``finish_reason``, then ``[DONE]`` | status | finish_reason |
+| last ``finish_reason``, then ``[DONE]`` | status | finish_reason |
 | --- | --- | --- |
-| ``stop`` | completed | stop (tool_calls with tool calls, refusal with only a refusal) |
+| ``stop``, ``eos`` (Together AI), ``eos_token`` (TGI-style) | completed | stop (see below) |
 | ``tool_calls``, ``function_call`` | completed | tool_calls |
 | ``length`` | incomplete | length |
 | ``content_filter`` | incomplete | content_filter |
 | any other value | incomplete | other |
+
+(``stop`` becomes tool_calls with tool calls, refusal with only a refusal.)
 
 | failure signal | status | category |
 | --- | --- | --- |
@@ -24,7 +30,6 @@ Terminal signals, the only ones that end a stream here. A normal end needs a
 | vLLM's flat ``{"object":"error","message":…,"code":…}`` | failed | by code/type |
 | ``finish_reason: "error"`` (OpenRouter), with or without ``error`` | failed | by code/type, else upstream_error |
 | ``[DONE]`` without any ``finish_reason`` before it | failed | protocol |
-| output (text, a new block, arguments of a closed call) after the ``finish_reason`` | failed | protocol |
 | a tool call that got arguments but never a name | failed | protocol |
 | body ends without ``[DONE]``, even after a ``finish_reason`` | interrupted | transport |
 
@@ -41,8 +46,10 @@ came before it.
 
 Blocks. Chat has no block-end signal: content is one sequence, so at most one block is
 open; opening the next block (a change of kind among text, refusal and reasoning, or a
-new tool call) closes the previous one, and the ``finish_reason`` closes the last one
-(for every finish value, ``length`` included). Runs of the same kind merge.
+new tool call) closes the previous one, and ``[DONE]`` after a ``finish_reason`` closes
+the last one (for every finish value, ``length`` included). Runs of the same kind merge,
+across a ``finish_reason`` too. A body that ends after a ``finish_reason`` but before
+``[DONE]`` leaves the last block open (``interrupted``, no fake ``block.stop``).
 
 Quirks handled:
 
@@ -147,6 +154,7 @@ class OpenAIChatAdapter(Adapter):
         if self._finish_raw is None:
             raise UpstreamProtocolError("upstream sent [DONE] without a finish_reason")
         self._check_calls_named()
+        self.norm.close_all()
         status, reason = map_finish(self._finish_raw)
         self.norm.done(status=status, finish_reason=reason, provider_finish_reason=self._finish_raw,
                        response_id=self._response_id, model=self._model)
@@ -168,12 +176,8 @@ class OpenAIChatAdapter(Adapter):
             self._fail_with({"message": "upstream ended the choice with an error"})
             return
         if self._finish_raw is not None:
-            self.norm.ignore("repeated_finish_reason")
-            return
-        self._check_calls_named()
+            self.norm.ignore("repeated_finish_reason")  # counted; the last one counts
         self._finish_raw = raw
-        self.norm.close_all()
-        self._current = self._current_kind = None
 
     # -- chunks -------------------------------------------------------------
 
@@ -230,8 +234,6 @@ class OpenAIChatAdapter(Adapter):
 
     def _open_next(self, kind: BlockKind, *, call_id: str | None = None, name: str | None = None) -> Hashable:
         """Close the open block and open the next one; return its key."""
-        if self._finish_raw is not None:
-            raise UpstreamProtocolError("upstream sent output after the finish_reason")
         if self._current is not None and self.norm.is_open(self._current):
             self.norm.close_block(self._current)
         self._serial += 1

@@ -21,12 +21,15 @@ from schema.errors import UpstreamProtocolError
 
 FINISH: Final[dict[str, tuple[DoneStatus, FinishReason]]] = {
     "stop": ("completed", "stop"),
+    "eos": ("completed", "stop"),
+    "eos_token": ("completed", "stop"),
     "tool_calls": ("completed", "tool_calls"),
     "function_call": ("completed", "tool_calls"),
     "length": ("incomplete", "length"),
     "content_filter": ("incomplete", "content_filter"),
 }
-"""Raw ``finish_reason`` → (status, normalized finish); anything else is ``incomplete``/``other``."""
+"""Raw ``finish_reason`` → (status, normalized finish); anything else is ``incomplete``/``other``.
+``eos`` (Together AI) and ``eos_token`` (TGI-style servers) are a normal end (PROVIDERS.md 2.1, 6)."""
 
 ERROR_NAMES: Final[dict[str, ErrorCategory]] = {
     "server_error": "upstream_error",
