@@ -15,7 +15,6 @@ from typing import Any, Final
 
 import msgspec
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
@@ -25,7 +24,7 @@ from publisher.tokens import Scope
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
 from worker.intake import missing_groups, streams_in_use
-from worker.redis_client import cluster_problems
+from worker.redis_client import REDIS_ERRORS, cluster_problems
 
 READY_TIMEOUT_S: Final = 2.0
 """Longest wait for Redis to answer PING in ``/readyz``, seconds."""
@@ -132,7 +131,7 @@ async def readyz(request: web.Request) -> web.Response:
             await redis.ping()
             problems = await cluster_problems(redis)
             missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
-    except (RedisError, TimeoutError, OSError) as exc:
+    except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
         raise ProblemError("redis-unavailable", f"Redis does not answer: {type(exc).__name__}: {exc}") from exc
     if missing:
         problems.append(f"jobs streams without the 'workers' group (Redis lost its data?): {', '.join(missing)}")

@@ -41,10 +41,15 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 """What every fanout component takes: a single-node client or a cluster client."""
+
+REDIS_ERRORS: Final = (RedisError, RedisClusterException)
+"""What a Redis call of either client may raise: redis-py's cluster client raises
+``RedisClusterException`` (not a ``RedisError``) e.g. when the slots are not all covered."""
 
 RETRIES: Final = 3
 """Retries of a command that failed on a connection or timeout error."""

@@ -25,6 +25,7 @@ from schema.contract import (
 )
 from schema.errors import InternalError
 from schema.keys import EVENT_FIELD, Keys
+from tests.worker.support import command_calls
 from worker.appender import (
     Appender,
     FencedError,
@@ -121,8 +122,8 @@ async def test_terminal_must_be_last_in_batch(redis_client: aioredis.Redis, keys
 
 
 async def _command_calls(redis: aioredis.Redis, name: str) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+    """Calls of command ``name`` summed over every master (``INFO commandstats`` per node)."""
+    return await command_calls(redis, name)
 
 
 async def test_batch_is_one_script_call_in_order(redis_client: aioredis.Redis, keys: Keys) -> None:
