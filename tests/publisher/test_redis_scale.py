@@ -27,6 +27,7 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from worker.intake import Intake
 from worker.redis_client import primary_clients
 
 pytestmark = pytest.mark.topologies
@@ -176,3 +177,14 @@ async def test_sixteen_shards_spread_the_job_commands_over_the_masters(ctx: Ctx,
     print(f"job commands per master with 16 shards: {calls}, largest share {max(calls) / sum(calls):.0%}")
     assert len(calls) == 3
     assert max(calls) <= 0.5 * sum(calls), calls
+
+
+async def test_a_blocking_read_costs_one_command_on_the_cluster(redis_client: Any, keys: Keys, redis_url: str) -> None:
+    """The cluster client routes XREADGROUP itself: no ``COMMAND GETKEYS`` round trips (worker.redis_client)."""
+    intake = Intake(redis_client, keys, consumer="c", lease_s=30)
+    await intake.ensure_groups()
+    before = await node_command_calls(redis_client, ["command|getkeys", "xreadgroup"])
+    for _ in range(5):
+        await intake.read_new(keys.jobs_shard(0), 1, block_ms=1)
+    after = await node_command_calls(redis_client, ["command|getkeys", "xreadgroup"])
+    assert sum(after) - sum(before) == 5
