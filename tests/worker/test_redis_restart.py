@@ -118,3 +118,18 @@ async def test_stale_pooled_connections_after_a_restart_never_answer_503() -> No
                 assert set(await statuses()) == {404}  # every one of them dead: none answers 503
         finally:
             await runner.cleanup()
+
+
+@pytest.mark.parametrize("command", ["worker", "publisher"])
+async def test_a_cluster_url_redis_cannot_serve_is_an_error_message_not_a_traceback(command: str,
+                                                                                   tmp_path: Path) -> None:
+    env = {**os.environ, "REDIS_URL": f"unix://{tmp_path}/none.sock", "FANOUT_REDIS_CLUSTER": "1",
+           "FANOUT_DEV": "1", "FANOUT_API_KEYS": "k" * 20}
+    args = ["--port", "0"] if command == "publisher" else []
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fanout_cli", command, *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _out, err = await asyncio.wait_for(process.communicate(), GUARD_S)
+    assert process.returncode == 1
+    assert "Traceback" not in err.decode()
+    assert "check REDIS_URL and FANOUT_REDIS_CLUSTER" in err.decode()
