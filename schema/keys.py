@@ -25,31 +25,32 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
 86400 s, ``FANOUT_TOMBSTONE_TTL_S`` default 604800 s, ``FANOUT_DONE_MAXLEN`` default
 100000; publisher ``FANOUT_CANCEL_TTL_S`` default 86400 s):
 
-* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot
-  (KEYS meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
+* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot (KEYS
+  meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
   ``body_hash``) and ``used`` when only a tombstone or events remain; else it creates
-  ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``, ``created_ms``,
-  ``last_seq=0`` and no TTL. Then ``XADD P:jobs:{<n>} * j <Job JSON>`` with ``n =
-  shard_of(stream_id, FANOUT_JOB_SHARDS)`` (CRC-32 modulo the count; no cap: the shards
-  hold only jobs in flight), then ``HSET meta job_id <job ref>`` (``<jobs stream>/<entry
-  id>``). The two writes are separate commands in separate slots. Every publisher also
-  records its shard count (``SADD P:jobshards <n>``) at start and at most every 30 s of
-  submissions, and creates its shards' groups at start. When the ``XADD`` raises a Redis error the publisher deletes the fresh meta
-  (``DEL``, so a retry with the same stream id can submit again) and re-raises (503
-  ``redis-unavailable``). If that ``DEL`` fails too, or the publisher dies between the
-  meta script and the ``XADD``, the ``queued`` meta stays without a job. A resubmission
-  of the same body more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`)
-  finds it (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same
-  script so concurrent retries cannot both win, and enqueues the job.
-  An ``XADD`` that raised although Redis applied it leaves a job whose meta was deleted;
-  the worker's claim recreates the fields it needs (below).
+  ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``,
+  ``created_ms``, ``last_seq=0`` and no TTL. Then ``XADD P:jobs:{<n>} * j <Job JSON>``
+  with ``n = shard_of(stream_id, FANOUT_JOB_SHARDS)`` (CRC-32 modulo the count; no cap:
+  the shards hold only jobs in flight), then ``HSET meta job_id <job ref>`` (``<jobs
+  stream>/<entry id>``). The two writes are separate commands in separate slots. Every
+  publisher also records its shard count (``SADD P:jobshards <n>``) at start and at most
+  every 30 s of submissions, and creates its shards' groups at start. When the ``XADD``
+  raises a Redis error the publisher deletes the fresh meta (``DEL``, so a retry with
+  the same stream id can submit again) and re-raises (503 ``redis-unavailable``). If
+  that ``DEL`` fails too, or the publisher dies between the meta script and the
+  ``XADD``, the ``queued`` meta stays without a job. A resubmission of the same body
+  more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`) finds it
+  (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same script so
+  concurrent retries cannot both win, and enqueues the job. An ``XADD`` that raised
+  although Redis applied it leaves a job whose meta was deleted; the worker's claim
+  recreates the fields it needs (below).
 * Intake (worker, :mod:`worker.intake`): every worker reads every shard ``0 ..
   max(own FANOUT_JOB_SHARDS, P:jobshards) - 1`` and the legacy ``P:jobs`` while it exists,
   one blocking ``XREADGROUP`` per stream, and recreates a missing group (``NOGROUP``).
 * Claim (worker, :mod:`worker.lease`, one script on the stream's slot, KEYS meta, tomb).
   A tombstone or meta ``state=done`` means finished: nothing is written and the job is
-  acked and deleted (below). Otherwise ``HINCRBY token 1`` (the fencing token), ``HSET owner <consumer>
-  state running job_id <jobs entry id>``, and ``HSETNX`` (only where missing, e.g. no
+  acked and deleted (below). Otherwise ``HINCRBY token 1`` (the fencing token),
+  ``HSET owner <consumer> state running job_id <job ref>``, and ``HSETNX`` (only where missing, e.g. no
   publisher meta) ``started_ms <now>`` (so it keeps the first claim's time),
   ``last_seq 0``, ``provider``, ``model``. No TTL while running.
 * Ack (worker, :mod:`worker.lease`, one script on the jobs shard's slot): ``XACK`` and
