@@ -29,6 +29,7 @@ from tests.worker.support import (
 )
 from worker.intake import Intake
 from worker.redis_client import primary_clients
+from worker.upstream_server import ServerConfig
 
 pytestmark = pytest.mark.topologies
 
@@ -190,3 +191,23 @@ async def test_a_blocking_read_costs_one_command_on_the_cluster(redis_client: An
         await intake.read_new(keys.jobs_shard(0), 1, block_ms=1)
     after = await node_command_calls(redis_client, ["command|getkeys", "xreadgroup"])
     assert sum(after) - sum(before) == 5
+
+
+async def test_readers_of_many_shards_never_run_more_jobs_than_the_slots(ctx: Ctx, redis_url: str) -> None:
+    jobs = [make_job("openai_chat", f"slow-{MODEL}") for _ in range(8)]
+    for job in jobs:
+        await submit(ctx.redis, ctx.keys, job, shards=8)  # all 8 readers return at once: only 2 may start
+    most = 0
+    async with fake_upstream(ServerConfig(chunk_bytes=256, delay_ms=1, slow_delay_ms=20)) as (base, _state):
+        settings = settings_for(base, redis_url, ctx.keys, job_shards=8, concurrency=2)
+        async with running_worker(settings, ctx.keys) as worker:
+
+            async def all_done() -> bool:
+                nonlocal most
+                most = max(most, len(worker.runs))
+                metas = [await ctx.redis.hget(ctx.keys.meta(j.stream_id), "state") for j in jobs]
+                return all(m == b"done" for m in metas)
+
+            await wait_for(all_done, step_s=0.002)
+    assert most == 2
+    assert await _jobs_lengths(ctx.redis, ctx.keys, 8) == [0] * 8
