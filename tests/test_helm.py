@@ -162,14 +162,8 @@ def test_manifest_is_yaml_shaped_once_actions_are_blanked(path: Path) -> None:
     assert {"apiVersion", "kind", "metadata"} <= top, f"{path.name}: not a Kubernetes object"
 
 
-# Settings the chart sets that land with issue 9's cluster and sharding work (another
-# branch): drop each name here once its settings field is merged.
-ARRIVING_SETTINGS = {"FANOUT_REDIS_CLUSTER", "FANOUT_JOB_SHARDS"}
-
-
 def test_every_fanout_variable_is_a_settings_field() -> None:
     fields = set(WorkerSettings.__struct_fields__) | set(PublisherSettings.__struct_fields__)
-    fields |= {n.removeprefix("FANOUT_").lower() for n in ARRIVING_SETTINGS}
     helm_files = [p for p in (ROOT / "helm").rglob("*") if p.is_file()]
     names = {name for p in helm_files for name in re.findall(r"\bFANOUT_[A-Z0-9_]+\b", p.read_text())}
     assert {"FANOUT_DRAIN_S", "FANOUT_SHUTDOWN_WINDOW_S"} <= names

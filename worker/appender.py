@@ -38,13 +38,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
 from schema.errors import AppendRefusedError, FencedError, InternalError, SeqConflictError, StreamClosedError
 from schema.keys import Keys
+from worker.redis_client import RedisClient
 
 __all__ = [
     "APPEND_LUA",
@@ -134,7 +134,7 @@ class Appender:
     """
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, *, stream_ttl_s: int = 86_400,
+        self, redis: RedisClient, keys: Keys, *, stream_ttl_s: int = 86_400,
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000,
     ) -> None:
         self.redis, self.keys = redis, keys

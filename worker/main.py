@@ -14,11 +14,10 @@ import os
 import signal
 import sys
 
-import redis.asyncio as aioredis
-
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.job_groups import watch_job_groups
+from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
@@ -40,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the worker; return 0 after a clean drain, 2 on bad configuration."""
+    """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis is unusable."""
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
                                         redis_prefix=args.redis_prefix, log_level=args.log_level)
@@ -51,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     telemetry = Telemetry.from_env(os.environ)
     try:
         asyncio.run(serve(settings, telemetry))
+    except (*REDIS_ERRORS, ValueError) as exc:
+        sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
+                         f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER\n")
+        return 1
     finally:
         telemetry.shutdown()
     return 0
@@ -63,13 +66,16 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, stop, sig)
     credentials = credentials_from_env(os.environ)
-    log.info("event=worker_config concurrency=%d credentials=%r", settings.concurrency, credentials)
-    client = aioredis.Redis.from_url(settings.redis_url)
+    log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%r",
+             settings.concurrency, settings.job_shards, settings.redis_cluster, credentials)
+    client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster,
+                                                      client_name=f"fanout-worker:{settings.redis_prefix}"))
     session = new_session(settings)
     try:
         keys = Keys(settings.redis_prefix)
         worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry)
-        gauges = asyncio.create_task(watch_job_groups(client, [("0", keys.jobs)], telemetry,
+        shard_streams = [(str(n), keys.jobs_shard(n)) for n in range(settings.job_shards)]
+        gauges = asyncio.create_task(watch_job_groups(client, shard_streams, telemetry,
                                                       interval_s=settings.metrics_poll_s, stop=stop))
         await worker.run(stop)
         await gauges
