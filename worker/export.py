@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import msgspec
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from schema.keys import EVENT_FIELD, Keys
+from worker.redis_client import REDIS_ERRORS, RedisClient
 
 log = logging.getLogger("fanout.export")
 
@@ -93,7 +93,7 @@ class Exporter:
         on_progress: Called with the number of summaries handled after each batch.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, sink: Sink, *, group: str = "export", since_ms: int = 0,
+    def __init__(self, redis: RedisClient, keys: Keys, sink: Sink, *, group: str = "export", since_ms: int = 0,
                  batch: int = 100, on_progress: Callable[[int], None] | None = None) -> None:
         self.redis, self.keys, self.sink = redis, keys, sink
         self.group, self.since_ms, self.batch = group, since_ms, batch
@@ -112,7 +112,7 @@ class Exporter:
 
     async def lag(self) -> int | None:
         """Return how many summaries the group has not read yet (``None`` when Redis cannot say)."""
-        with contextlib.suppress(redis.exceptions.RedisError, KeyError, TypeError, ValueError):
+        with contextlib.suppress(*REDIS_ERRORS, KeyError, TypeError, ValueError):
             for info in await self.redis.xinfo_groups(self.keys.done):
                 if _text(info["name"]) == self.group and info.get("lag") is not None:
                     return int(info["lag"]) + int(info.get("pending", 0))

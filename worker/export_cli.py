@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import msgspec
-import redis.asyncio as aioredis
-import redis.exceptions
 
 from schema.keys import Keys
 from worker.export import Exporter, Row
+from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 
 _RELATIVE: Final = re.compile(r"([0-9]+)([smhd])")
 _UNITS_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -187,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
     try:
         count = asyncio.run(_export(url, keys, sink, args, since_ms))
-    except redis.exceptions.RedisError as exc:
+    except REDIS_ERRORS as exc:
         sys.stderr.write(f"fanout export: Redis at {url} failed: {exc}; nothing acknowledged is lost, run again\n")
         return 1
     except OSError as exc:
@@ -203,7 +202,8 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
                   since_ms: int) -> int:
     from tqdm import tqdm  # noqa: PLC0415 - only for a terminal
 
-    client = aioredis.Redis.from_url(url)
+    cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "0").strip().lower() in ("1", "true", "yes")
+    client = connect(url, RedisOptions(cluster=cluster, client_name=f"fanout-export:{keys.prefix}"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

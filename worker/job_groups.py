@@ -17,10 +17,10 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from schema.keys import JOBS_GROUP
+from worker.redis_client import REDIS_ERRORS, RedisClient
 from worker.telemetry import Telemetry
 
 log = logging.getLogger("fanout.worker.job_groups")
@@ -29,7 +29,7 @@ JobStream = tuple[str, str]
 """(shard number as decimal text, jobs stream key)."""
 
 
-async def read_job_groups(client: aioredis.Redis, streams: Sequence[JobStream], telemetry: Telemetry) -> None:
+async def read_job_groups(client: RedisClient, streams: Sequence[JobStream], telemetry: Telemetry) -> None:
     """Read ``XINFO GROUPS`` of each jobs stream once and record the ``workers`` group's pending and lag.
 
     A stream or group that does not exist yet records nothing; a Redis error is counted
@@ -42,7 +42,7 @@ async def read_job_groups(client: aioredis.Redis, streams: Sequence[JobStream], 
             if "no such key" not in str(exc).lower():
                 telemetry.redis_error(exc)
             continue
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
             telemetry.redis_error(exc)
             log.warning("event=job_groups_unread shard=%s error=%s", shard, type(exc).__name__)
             continue
@@ -54,7 +54,7 @@ async def read_job_groups(client: aioredis.Redis, streams: Sequence[JobStream], 
                                      lag=int(lag) if lag is not None else None)
 
 
-async def watch_job_groups(client: aioredis.Redis, streams: Sequence[JobStream], telemetry: Telemetry, *,
+async def watch_job_groups(client: RedisClient, streams: Sequence[JobStream], telemetry: Telemetry, *,
                            interval_s: float, stop: asyncio.Event) -> None:
     """Call :func:`read_job_groups` every ``interval_s`` seconds until ``stop`` is set.
 

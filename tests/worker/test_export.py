@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from schema.contract import Event, StreamDone, Usage, encode_event
 from schema.keys import Keys
+from tests.conftest import is_cluster_url
 from tests.publisher.helpers import StreamWriter, text_stream
 from worker.appender import summary_fields
 from worker.export import Exporter, Row
@@ -77,6 +78,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_bytes().split(b"\n") if line]
 
 
+@pytest.mark.topologies
 async def test_export_writes_summary_and_unchanged_events_of_every_finished_stream(
     redis_client: aioredis.Redis, keys: Keys, tmp_path: Path,
 ) -> None:
@@ -101,6 +103,7 @@ async def test_export_writes_summary_and_unchanged_events_of_every_finished_stre
     again.close()
 
 
+@pytest.mark.topologies
 async def test_a_batch_that_failed_before_its_commit_is_exported_by_the_next_run(
     redis_client: aioredis.Redis, keys: Keys,
 ) -> None:
@@ -116,6 +119,7 @@ async def test_a_batch_that_failed_before_its_commit_is_exported_by_the_next_run
     assert len(failing.committed) + len(again.committed) == 6 * 7
 
 
+@pytest.mark.topologies
 async def test_a_stream_whose_events_expired_gets_an_expired_row(redis_client: aioredis.Redis, keys: Keys) -> None:
     sid, _events = await finish_stream(redis_client, keys, "m", 1, keep_events=False)
     sink = ListSink()
@@ -154,21 +158,29 @@ def _export_cmd(redis_url: str, keys: Keys, out: Path, *extra: str) -> list[str]
             "--output", str(out), *extra]
 
 
-async def run_export(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+def env_for(cmd: list[str]) -> dict[str, str]:
+    """The environment of an export of ``cmd``'s ``--redis-url``: cluster mode for a cluster URL."""
+    url = cmd[cmd.index("--redis-url") + 1]
+    return {**os.environ, "FANOUT_REDIS_CLUSTER": "1" if is_cluster_url(url) else "0"}
+
+
+async def run_export(cmd: list[str]) -> tuple[int, str]:
     """Run ``fanout export`` to its end; return (exit status, stderr)."""
-    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env_for(cmd), stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.PIPE)
     _out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, err.decode()
 
 
+@pytest.mark.topologies
 async def test_export_killed_mid_way_then_rerun_loses_nothing(
     redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
 ) -> None:
     sids = {(await finish_stream(redis_client, keys, "m", 1))[0] for _ in range(300)}
     out = tmp_path / "export.ndjson"
-    proc = await asyncio.create_subprocess_exec(*_export_cmd(redis_url, keys, out, "--batch", "1"), cwd=ROOT,
+    cmd = _export_cmd(redis_url, keys, out, "--batch", "1")
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env_for(cmd),
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     async with asyncio.timeout(60):
         while not out.exists() or out.stat().st_size < 4096:  # noqa: ASYNC110 - a file grows: no event to wait on
@@ -186,6 +198,7 @@ async def test_export_killed_mid_way_then_rerun_loses_nothing(
     assert events == {(sid, seq) for sid in sids for seq in range(1, 7)}
 
 
+@pytest.mark.topologies
 async def test_duckdb_sums_usage_per_model_from_the_ndjson(
     redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
 ) -> None:
