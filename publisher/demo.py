@@ -126,7 +126,8 @@ def announcement(stack: LocalStack, url: str, source: str) -> str:
             f"  key prefix: {stack.prefix}  (events: {stack.prefix}:{{<stream_id>}}:events, "
             f"finished streams: {stack.prefix}:done)\n"
             f"  consumer:   {attach} XREAD BLOCK 0 STREAMS '{stack.prefix}:done' '$'\n"
-            f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key}\n"
+            f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key} "
+            f"REDIS_URL={shown} FANOUT_REDIS_PREFIX={stack.prefix}\n"
             "  models: any case name in transcripts/<provider dir>/ (prefix slow- to pace it)\n")
 
 

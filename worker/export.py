@@ -40,6 +40,8 @@ CONSUMER: Final = "exporter"
 INT_FIELDS: Final = frozenset({"input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens", "events",
                                "ttfd_ms", "duration_ms", "ended_ms"})
 """Summary fields exported as integers (``null`` when empty)."""
+FOLLOW_BLOCK_MS: Final = 2000
+"""``--follow``: how long one ``XREADGROUP BLOCK`` waits for a summary, ms (below the client's read timeout)."""
 EVENT_PAGE: Final = 1000
 """Entries per ``XRANGE`` page of a stream's events."""
 
@@ -118,7 +120,7 @@ class Exporter:
                     return int(info["lag"]) + int(info.get("pending", 0))
         return None
 
-    async def run(self, *, follow: bool = False, block_ms: int = 5000, stop: asyncio.Event | None = None) -> int:
+    async def run(self, *, follow: bool = False, block_ms: int = FOLLOW_BLOCK_MS, stop: asyncio.Event | None = None) -> int:
         """Export until caught up (or, with ``follow``, until ``stop`` is set); return summaries handled.
 
         Raises:

@@ -29,6 +29,8 @@ from schema.keys import Keys
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 
+READ_TIMEOUT_S: Final = 30.0
+"""Read timeout of the export's Redis connection, seconds: above any ``XREADGROUP BLOCK`` it sends."""
 _RELATIVE: Final = re.compile(r"([0-9]+)([smhd])")
 _UNITS_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _encoder: Final = msgspec.json.Encoder()
@@ -203,7 +205,8 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
     from tqdm import tqdm  # noqa: PLC0415 - only for a terminal
 
     cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "0").strip().lower() in ("1", "true", "yes")
-    client = connect(url, RedisOptions(cluster=cluster, client_name=f"fanout-export:{keys.prefix}"))
+    client = connect(url, RedisOptions(cluster=cluster, client_name=f"fanout-export:{keys.prefix}",
+                                       socket_timeout_s=READ_TIMEOUT_S))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

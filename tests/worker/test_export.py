@@ -244,3 +244,21 @@ def test_cli_errors_are_one_line_with_the_documented_status(tmp_path: Path) -> N
     assert down.returncode == 1
     assert "Redis at redis://127.0.0.1:1/0 failed" in down.stderr
     assert "Traceback" not in down.stderr
+
+
+async def test_follow_waits_idle_longer_than_a_read_timeout_and_exports_what_finishes_later(
+    redis_client: aioredis.Redis, keys: Keys, redis_url: str, tmp_path: Path,
+) -> None:
+    out = tmp_path / "follow.ndjson"
+    cmd = _export_cmd(redis_url, keys, out, "--follow")
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env_for(cmd), stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    await asyncio.sleep(6.5)  # idle past redis-py's default 5 s read timeout and several BLOCK rounds
+    assert proc.returncode is None, "the follow export must still be running"
+    sid, _events = await finish_stream(redis_client, keys, "m", 1)
+    async with asyncio.timeout(30):
+        while not out.exists() or sid.encode() not in out.read_bytes():  # noqa: ASYNC110 - a file grows
+            await asyncio.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err
