@@ -120,7 +120,8 @@ class Exporter:
                     return int(info["lag"]) + int(info.get("pending", 0))
         return None
 
-    async def run(self, *, follow: bool = False, block_ms: int = FOLLOW_BLOCK_MS, stop: asyncio.Event | None = None) -> int:
+    async def run(self, *, follow: bool = False, block_ms: int = FOLLOW_BLOCK_MS,
+                  stop: asyncio.Event | None = None) -> int:
         """Export until caught up (or, with ``follow``, until ``stop`` is set); return summaries handled.
 
         Raises:
