@@ -176,8 +176,8 @@ async def _otlp_run(redis_url: str) -> tuple[Receiver, str]:
 
 
 @pytest.fixture(scope="module")
-def otlp(redis_url: str) -> tuple[Receiver, str]:
-    return asyncio.run(_otlp_run(redis_url))
+def otlp(single_redis_url: str) -> tuple[Receiver, str]:
+    return asyncio.run(_otlp_run(single_redis_url))
 
 
 def _job_span(receiver: Receiver, stream_id: str) -> Any:
@@ -310,8 +310,8 @@ async def _prometheus_run(redis_url: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def scrape(redis_url: str) -> dict[str, str]:
-    return asyncio.run(_prometheus_run(redis_url))
+def scrape(single_redis_url: str) -> dict[str, str]:
+    return asyncio.run(_prometheus_run(single_redis_url))
 
 
 def redis_has_lag(redis_url: str) -> bool:

@@ -119,7 +119,7 @@ async def test_submit_rejects_a_chat_stream_options_that_is_not_an_object(ctx, o
     assert "request.stream_options" in problem["detail"]
     assert problem["errors"] == [{"field": "request.stream_options",
                                   "detail": 'must be a JSON object (or absent), such as {"include_usage": true}'}]
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
 
 
 @pytest.mark.parametrize("options", [None, {}, {"include_usage": False}])
@@ -127,7 +127,7 @@ async def test_submit_accepts_a_chat_stream_options_object_or_null(ctx, options)
     body = {**BODY, "provider": "openai_chat", "request": {"messages": [], "stream_options": options}}
     async with await submit(ctx.http, ctx.server, body) as resp:
         assert resp.status == 201
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 1
 
 
 async def test_submit_names_every_bad_and_missing_field_at_once(server, http):

@@ -182,7 +182,7 @@ async def test_submit_puts_trace_context_in_job_and_meta_and_sse_span_links_to_i
         stream_id = (await resp.json())["stream_id"]
     (submit_span,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/streams"]
     ids_of_submit = [f"{submit_span.context.trace_id:032x}", f"{submit_span.context.span_id:016x}"]
-    ((_, fields),) = await ctx.redis.xrange(ctx.keys.jobs)
+    ((_, fields),) = await ctx.redis.xrange(ctx.keys.jobs_shard(0))
     job = job_decoder.decode(fields[JOB_FIELD])
     assert job.trace_context["traceparent"].split("-")[1:3] == ids_of_submit
     meta_traceparent = (await ctx.redis.hget(ctx.keys.meta(stream_id), "traceparent")).decode()

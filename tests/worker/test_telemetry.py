@@ -39,7 +39,7 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
-from worker.intake import Intake
+from worker.intake import Intake, ensure_group
 from worker.job_groups import read_job_groups, watch_job_groups
 from worker.otel_setup import exporter_names, redis_error_kind
 from worker.telemetry import METRICS, Telemetry
@@ -241,10 +241,10 @@ def test_redis_errors_sorted_by_kind() -> None:
 async def test_reclaimed_job_counted_and_worker_lost_is_a_terminal(redis_url: str, keys: Keys,
                                                                    redis_client: aioredis.Redis) -> None:
     intake = Intake(redis_client, keys, consumer="dead-1", lease_s=30)
-    await intake.ensure_group()
+    await ensure_group(redis_client, keys.jobs_shard(0))
     job = make_job("openai_chat", CHAT)
     await submit(redis_client, keys, job)
-    assert len(await intake.read_new(1, block_ms=100)) == 1  # delivered to a consumer that never acks
+    assert len(await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)) == 1  # delivered to a consumer that never acks
     captured = Captured()
     async with fake_upstream() as (base, _state):
         settings = settings_for(base, redis_url, keys, lease_s=0.3)
@@ -263,13 +263,13 @@ async def _redis_version(client: aioredis.Redis) -> int:
 
 async def test_job_groups_gauges_report_pending_and_lag_per_shard(keys: Keys, redis_client: aioredis.Redis) -> None:
     intake = Intake(redis_client, keys, consumer="c-1", lease_s=30)
-    await intake.ensure_group()
+    await ensure_group(redis_client, keys.jobs_shard(0))
     for _ in range(3):
         await submit(redis_client, keys, make_job("gemini", "m"))
-    assert len(await intake.read_new(1, block_ms=100)) == 1
+    assert len(await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)) == 1
     captured = Captured()
-    missing = keys.jobs + "-absent"
-    await read_job_groups(redis_client, [("0", keys.jobs), ("1", missing)], captured.telemetry)
+    missing = keys.jobs_shard(0) + "-absent"
+    await read_job_groups(redis_client, [("0", keys.jobs_shard(0)), ("1", missing)], captured.telemetry)
     assert [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.pending")] == [({"shard": "0"}, 1)]
     lag = [(attrs, int(p.value)) for attrs, p in captured.points("fanout.jobs.lag")]
     assert lag == ([({"shard": "0"}, 2)] if await _redis_version(redis_client) >= 7 else [])
@@ -280,13 +280,13 @@ async def test_job_groups_poller_stops_with_the_worker_and_skips_without_metrics
         keys: Keys, redis_client: aioredis.Redis) -> None:
     stop = asyncio.Event()
     stop.set()
-    await asyncio.wait_for(watch_job_groups(redis_client, [("0", keys.jobs)], Telemetry(), interval_s=0.01,
+    await asyncio.wait_for(watch_job_groups(redis_client, [("0", keys.jobs_shard(0))], Telemetry(), interval_s=0.01,
                                             stop=stop), GUARD_S)
     captured = Captured()
     stop.clear()
-    task = asyncio.create_task(watch_job_groups(redis_client, [("0", keys.jobs)], captured.telemetry,
+    task = asyncio.create_task(watch_job_groups(redis_client, [("0", keys.jobs_shard(0))], captured.telemetry,
                                                 interval_s=0.01, stop=stop))
-    await Intake(redis_client, keys, consumer="c-1", lease_s=30).ensure_group()
+    await ensure_group(redis_client, keys.jobs_shard(0))
     async def observed() -> bool:
         return bool(captured.points("fanout.jobs.pending"))
 
