@@ -244,7 +244,8 @@ async def test_reclaimed_job_counted_and_worker_lost_is_a_terminal(redis_url: st
     await ensure_group(redis_client, keys.jobs_shard(0))
     job = make_job("openai_chat", CHAT)
     await submit(redis_client, keys, job)
-    assert len(await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)) == 1  # delivered to a consumer that never acks
+    # delivered to a consumer that never acks
+    assert len(await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)) == 1
     captured = Captured()
     async with fake_upstream() as (base, _state):
         settings = settings_for(base, redis_url, keys, lease_s=0.3)
