@@ -2,7 +2,7 @@
 
 Exit 0 when Redis (``REDIS_URL``) answers PING within the timeout and, when
 ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
-printing why.
+printing why. Exit 2 when ``REDIS_URL`` is not a Redis URL.
 """
 
 from __future__ import annotations
@@ -16,15 +16,23 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from schema.cli import check_redis_url, redact_url
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``health`` options."""
-    parser.add_argument("--url", default=os.environ.get("FANOUT_HEALTH_URL"), help="HTTP URL that must answer 200")
+    parser.add_argument("--url", default=os.environ.get("FANOUT_HEALTH_URL"),
+                        help="HTTP URL that must answer 200 (env FANOUT_HEALTH_URL; default: none)")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="limit of each check, seconds")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the checks; return 0 when healthy."""
+    """Run the checks; return 0 when healthy.
+
+    Raises:
+        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2).
+    """
+    check_redis_url(os.environ.get("REDIS_URL") or "redis://")
     problems = asyncio.run(_check(args.url, args.timeout_s))
     for problem in problems:
         sys.stderr.write(f"unhealthy: {problem}\n")
@@ -39,7 +47,7 @@ async def _check(url: str | None, timeout_s: float) -> list[str]:
         try:
             await client.ping()
         except (RedisError, OSError) as exc:
-            problems.append(f"redis: {type(exc).__name__}")
+            problems.append(f"redis at {redact_url(redis_url)}: {type(exc).__name__}: {exc}")
         finally:
             await client.aclose()
     if url:

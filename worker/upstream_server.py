@@ -18,7 +18,7 @@ model                  answer
 ``context-too-long``   400 with the provider's "prompt too long" error body
 ``hang``               200 and headers, then nothing until the client leaves
 ``pings``              200, then only keep-alives (SSE comments, Anthropic ``ping``) forever
-unknown                404 with the provider's error body
+unknown                404 with the provider's error body, pointing at ``transcripts/<dir>/INDEX.md``
 =====================  ===========================================================================
 
 Every request is recorded (method, path, query, headers with secret values shown as
@@ -175,8 +175,15 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
         delay_ms, case = state.config.slow_delay_ms, case[5:]
     path = _find(state.config.roots, provider_dir, case)
     if path is None:
-        return _error(provider_dir, 404, f"The model '{model}' does not exist", code="model_not_found")
+        return _error(provider_dir, 404, not_found_message(provider_dir, model), code="model_not_found")
     return await _stream(request, provider_dir, path.read_bytes(), delay_ms)
+
+
+def not_found_message(provider_dir: str, model: str) -> str:
+    """Return the ``404`` message for a model that names no case: where the case list is."""
+    return (f"The model '{model}' does not exist in fanout upstream: here a model names a recorded case, "
+            f"transcripts/{provider_dir}/<case>.sse (the list: transcripts/{provider_dir}/INDEX.md); "
+            "slow-<case> streams it slowly")
 
 
 def _content_type(provider_dir: str) -> str:
