@@ -319,8 +319,7 @@ class FanoutClient:
     def _root_hint(self) -> str:
         """Advice for a base URL that reached no route."""
         if self._ends_in_v1():
-            return f"the URL {self.base_url} ends in /v1; give the publisher's root URL, without /v1 " \
-                   f"({self.base_url[:-3]})"
+            return f"give the publisher's root URL without /v1 ({self.base_url[:-3]})"
         return f"is {self.base_url} the publisher's root URL (e.g. http://127.0.0.1:8080)?"
 
 

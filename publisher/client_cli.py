@@ -240,21 +240,25 @@ def refusal(exc: StreamUnavailableError, target: Target, credential: Credential,
         return CommandError(f"{exc.message}; is the publisher running? The URL comes from {target.url_source}",
                             exit_status=EXIT_UNREACHABLE)
     if NOT_A_ROUTE in exc.message:
-        return CommandError(f"{exc.message} (the URL comes from {target.url_source})", exit_status=EXIT_REFUSED)
+        return CommandError(f"{exc.message}; the URL comes from {target.url_source}", exit_status=EXIT_REFUSED)
     if exc.status == 401:
-        return CommandError(_unauthorized(exc.message, credential, stream_id), exit_status=EXIT_REFUSED)
+        return CommandError(_unauthorized(exc, target, credential, stream_id), exit_status=EXIT_REFUSED)
     if exc.status == 400 and "position" in str(exc.problem.get("type", "")):
         return CommandError(f"{exc.message} (check --last-event-id)", exit_status=EXIT_USAGE)
+    if exc.status == 404 and stream_id is not None:
+        return CommandError(f"{exc.message} (check the id: submit prints it as stream_id)", exit_status=EXIT_REFUSED)
     return CommandError(exc.message, exit_status=EXIT_REFUSED)
 
 
-def _unauthorized(message: str, credential: Credential, stream_id: str | None) -> str:
+def _unauthorized(exc: StreamUnavailableError, target: Target, credential: Credential, stream_id: str | None) -> str:
     if credential == "none":
-        read = ", or pass the stream's read token with --token (FANOUT_TOKEN)" if stream_id else ""
-        return f"no credential was sent ({message}): set FANOUT_API_KEY or --api-key{read}"
+        read = " (tail also takes the stream's read token: --token or FANOUT_TOKEN)" if stream_id else ""
+        return f"no credential was sent: set FANOUT_API_KEY or --api-key{read}"
     if credential == "token":
-        return (f"the read token was refused ({message}): it is invalid or expired; mint a new one with "
-                f"POST /v1/streams/{stream_id}/tokens and an API key, or leave out --token and FANOUT_TOKEN to "
-                "read with FANOUT_API_KEY")
-    return f"the publisher refused the API key ({message}): check FANOUT_API_KEY or --api-key against the " \
+        what = "expired" if str(exc.problem.get("type", "")).endswith("token-expired") else "is invalid"
+        return (f"the read token {what}: mint a new one with POST /v1/streams/{stream_id}/tokens and an API key, "
+                "or leave out --token and FANOUT_TOKEN to read with FANOUT_API_KEY")
+    if target.api_key and target.api_key.startswith("v1."):
+        return "FANOUT_API_KEY (or --api-key) holds a read token; pass read tokens with --token, API keys here"
+    return "the publisher refused the API key: check FANOUT_API_KEY or --api-key; it must be one of the " \
            "publisher's FANOUT_API_KEYS"
