@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -69,8 +71,8 @@ def golden_result(directory: str, case: str) -> dict[str, object]:
 def finished(stack: LocalStack) -> tuple[str, int]:
     """A completed stream of CASE: (stream id, its last seq)."""
     provider, case = CASE
-    done = fanout("submit", "--provider", provider, "--model", case, "--request", "{}", "--follow",
-                  env=client_env(stack))
+    done = fanout("submit", "--provider", provider, "--model", case, "--request", "-", "--follow",
+                  env=client_env(stack), stdin="{}")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     return json.loads(lines[0])["stream_id"], json.loads(lines[-1])["seq"]
@@ -339,6 +341,24 @@ def _wait_status(url: str, status: int, timeout_s: float = 20.0) -> None:
     raise AssertionError(f"{url} answered {got}, not {status}")
 
 
+def _line_within(proc: subprocess.Popen[str], words: str, timeout_s: float) -> str:
+    """Return the first stderr line of ``proc`` holding ``words``; fail after ``timeout_s``."""
+    found: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if words in line:
+                found.put(line)
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no stderr line with {words!r} within {timeout_s} s") from None
+
+
 @pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason=f"{REDIS_SERVER} is not installed")
 def test_publisher_with_redis_unreachable_warns_is_not_ready_then_ready_when_redis_starts() -> None:
     redis_port, port = free_port(), free_port()
@@ -348,8 +368,7 @@ def test_publisher_with_redis_unreachable_warns_is_not_ready_then_ready_when_red
     workdir = tempfile.mkdtemp(prefix="fanout-cli-redis-")
     redis = None
     try:
-        assert publisher.stderr is not None
-        warning = next(line for line in publisher.stderr if "does not answer" in line)
+        warning = _line_within(publisher, "does not answer", timeout_s=30)
         assert "WARNING" in warning
         assert "REDIS_URL" in warning
         assert f"127.0.0.1:{redis_port}" in warning
