@@ -54,11 +54,19 @@ def require_api_key(request: web.Request) -> None:
     """Accept the request only with a valid API key in the ``Authorization`` header.
 
     Raises:
-        ProblemError: ``unauthorized`` (401) when the header is missing or the key unknown.
+        ProblemError: ``unauthorized`` (401) when the header is missing, holds a read
+            token, or holds a key that is not one of ``FANOUT_API_KEYS``; each says which.
     """
     credential = bearer(request)
-    if credential is None or not is_api_key(request, credential):
-        raise ProblemError("unauthorized", "an API key is required in the Authorization header", headers=_CHALLENGE)
+    if credential is None:
+        raise ProblemError("unauthorized", "an API key is required: send 'Authorization: Bearer <key>' with one of "
+                           "the publisher's FANOUT_API_KEYS", headers=_CHALLENGE)
+    if credential.startswith(TOKEN_PREFIX):
+        raise ProblemError("unauthorized", "a read token only reads its stream; submitting, cancelling and minting "
+                           "tokens need an API key", headers=_CHALLENGE)
+    if not is_api_key(request, credential):
+        raise ProblemError("unauthorized", "the API key was refused: it is not one of the publisher's "
+                           "FANOUT_API_KEYS", headers=_CHALLENGE)
 
 
 def authorize_read(request: web.Request, stream_id: str) -> Scope:
@@ -76,16 +84,22 @@ def authorize_read(request: web.Request, stream_id: str) -> Scope:
     if credential is not None and not credential.startswith(TOKEN_PREFIX):
         if is_api_key(request, credential):
             return "internal"
-        raise ProblemError("unauthorized", "unknown API key", headers=_CHALLENGE)
+        raise ProblemError("unauthorized", f"the credential was refused: it is neither one of the publisher's "
+                           f"FANOUT_API_KEYS nor a read token (those start with {TOKEN_PREFIX!r})",
+                           headers=_CHALLENGE)
     token = credential or request.query.get("token")
     if not token:
-        raise ProblemError("unauthorized", "a read token or API key is required", headers=_CHALLENGE)
+        raise ProblemError("unauthorized", "a read token (the 'token' of the submission, in 'Authorization: Bearer' "
+                           "or ?token=) or an API key is required", headers=_CHALLENGE)
+    renew = f"get a new one with POST /v1/streams/{stream_id}/tokens (API key), or read with an API key"
     try:
         claims = verify(request.app[SETTINGS].token_secret, token, time.time())
     except TokenExpiredError as exc:
-        raise ProblemError("token-expired", "the read token expired; get a new one", headers=_BAD_TOKEN) from exc
+        raise ProblemError("token-expired", f"the read token expired: {renew}", headers=_BAD_TOKEN) from exc
     except TokenInvalidError as exc:
-        raise ProblemError("invalid-token", exc.message, headers=_BAD_TOKEN) from exc
+        raise ProblemError("invalid-token", f"{exc.message} (a token signed with another FANOUT_TOKEN_SECRET never "
+                           f"verifies): {renew}", headers=_BAD_TOKEN) from exc
     if claims.sid != stream_id:
-        raise ProblemError("forbidden", "the read token is for another stream")
+        raise ProblemError("forbidden", f"the read token is for another stream: use the token its submission "
+                           f"answered, or get one with POST /v1/streams/{stream_id}/tokens (API key)")
     return claims.scp

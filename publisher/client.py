@@ -5,17 +5,26 @@ reconnects by itself when the connection drops, sending ``Last-Event-ID`` so no 
 is missed or repeated, waiting as the server's ``retry:`` hint asks (with exponential
 backoff and jitter on repeated failures), and stopping on ``204`` or a terminal event.
 SSE bytes are decoded by the same sans-I/O decoder the workers use.
+
+Errors name what to do: a base URL that is not ``http(s)://`` is refused when the client
+is built (``ValueError``); a first connection that cannot be made at all (refused,
+unknown host) raises :class:`PublisherUnreachableError` at once instead of retrying; a
+``404`` for a route (not for a stream) says the base URL is not the publisher's root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import random
+import socket
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
 import msgspec
+from yarl import URL
 
 from schema.contract import Event, decode_event, is_terminal
 from schema.errors import FanoutError
@@ -41,6 +50,49 @@ class StreamUnavailableError(FanoutError):
         super().__init__(message, category="not_found" if status == 404 else "invalid_request")
         self.status = status
         self.problem = problem or {}
+
+
+class PublisherUnreachableError(StreamUnavailableError):
+    """No connection to the publisher could be made (refused, unknown host, TLS), or none kept.
+
+    Raised at once when the first connection of a call fails so; after more than
+    ``max_reconnects`` failed reconnects of :meth:`FanoutClient.events`. ``status`` is 503.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503)
+
+
+NOT_A_ROUTE: Final = "is not a route of a fanout publisher"
+"""Words of the ``404`` message for a request that missed every route (a wrong base URL)."""
+
+
+def base_url_problem(base_url: str) -> str | None:
+    """Return why ``base_url`` cannot be a publisher's root URL, or ``None`` when it can.
+
+    Args:
+        base_url: Text such as ``http://127.0.0.1:8080``; ``127.0.0.1:8080`` (no scheme) is refused.
+    """
+    try:
+        url = URL(base_url)
+    except ValueError as exc:
+        return f"{base_url!r} is not a URL ({exc})"
+    if url.scheme in ("http", "https") and url.host:
+        return None
+    example = f"http://{base_url}" if "://" not in base_url and base_url else "http://127.0.0.1:8080"
+    return f"{base_url!r} is not an http:// or https:// URL; write it with the scheme, e.g. {example}"
+
+
+def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """Say in a few words why a connection could not be made."""
+    os_error = exc.os_error
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return f"TLS failed ({os_error})"
+    if isinstance(os_error, socket.gaierror):
+        return f"unknown host {exc.host}"
+    if isinstance(os_error, ConnectionRefusedError) or os_error.errno == errno.ECONNREFUSED:
+        return "connection refused (nothing listens there)"
+    return os_error.strerror or str(os_error)
 
 
 class Submission(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +131,9 @@ class FanoutClient:
         session: aiohttp.ClientSession | None = None,
         max_reconnects: int = 20,
     ) -> None:
+        problem = base_url_problem(base_url)
+        if problem is not None:
+            raise ValueError(problem)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self._session = session
@@ -126,24 +181,25 @@ class FanoutClient:
 
         Raises:
             StreamUnavailableError: The publisher refused it (the problem body is attached).
+            PublisherUnreachableError: No connection could be made to ``base_url``.
         """
         body: dict[str, Any] = {"provider": provider, "model": model, "request": request}
         if stream_id:
             body["stream_id"] = stream_id
         if metadata:
             body["metadata"] = metadata
-        async with self.session.post(self._url("/v1/streams"), json=body, headers=self._auth()) as resp:
+        async with self._request("POST", "/v1/streams", json=body, headers=self._auth()) as resp:
             data = await self._json_or_raise(resp, expect=(200, 201))
         return msgspec.convert(data, Submission)
 
     async def cancel(self, stream_id: str) -> int:
         """Ask the publisher to cancel a stream; return the HTTP status (202, or 409 once terminal)."""
-        async with self.session.post(self._url(f"/v1/streams/{stream_id}/cancel"), headers=self._auth()) as resp:
+        async with self._request("POST", f"/v1/streams/{stream_id}/cancel", headers=self._auth()) as resp:
             return resp.status
 
     async def status(self, stream_id: str, token: str | None = None) -> dict[str, Any]:
         """Return ``GET /v1/streams/{id}``: the stream's status and assembled result so far."""
-        async with self.session.get(self._url(f"/v1/streams/{stream_id}"), headers=self._auth(token)) as resp:
+        async with self._request("GET", f"/v1/streams/{stream_id}", headers=self._auth(token)) as resp:
             return await self._json_or_raise(resp, expect=(200,))
 
     async def events(
@@ -167,11 +223,13 @@ class FanoutClient:
             Ends after the terminal event, or at once on ``204`` (already complete).
 
         Raises:
-            StreamUnavailableError: 400/401/403/404/410 from the publisher, or more than
-                ``max_reconnects`` consecutive failed connections.
+            StreamUnavailableError: 400/401/403/404/410 from the publisher.
+            PublisherUnreachableError: The first connection could not be made at all
+                (refused, unknown host), or more than ``max_reconnects`` consecutive
+                reconnects failed.
         """
         url = self._url(events_url or f"/v1/streams/{stream_id}/events")
-        position, retry_ms, failures = last_event_id, DEFAULT_RETRY_MS, 0
+        position, retry_ms, failures, connected = last_event_id, DEFAULT_RETRY_MS, 0, False
         while True:
             conn = _Connection()
             try:
@@ -184,13 +242,18 @@ class FanoutClient:
                         yield event
                         if is_terminal(event):
                             return
+            except PublisherUnreachableError:
+                if not connected:
+                    raise
             except (TimeoutError, aiohttp.ClientError, ConnectionError):
                 pass
+            connected = connected or conn.connected
             if conn.complete:
                 return
             failures += 1
             if failures > self.max_reconnects:
-                raise StreamUnavailableError("gave up reconnecting", status=503)
+                raise PublisherUnreachableError(
+                    f"gave up after {self.max_reconnects} failed reconnects to the publisher at {self.base_url}")
             self.reconnects += 1
             await asyncio.sleep(_backoff_s(retry_ms, failures))
 
@@ -200,7 +263,8 @@ class FanoutClient:
         headers = {**self._auth(token), "Accept": "text/event-stream"}
         if position is not None:
             headers["Last-Event-ID"] = str(position)
-        async with self.session.get(url, headers=headers) as resp:
+        async with self._request("GET", url, headers=headers) as resp:
+            conn.connected = True
             if resp.status == 204:
                 conn.complete = True
                 return
@@ -222,8 +286,17 @@ class FanoutClient:
             assembler.apply(event)
         return assembler.result()
 
-    @staticmethod
-    async def _json_or_raise(resp: aiohttp.ClientResponse, *, expect: tuple[int, ...]) -> dict[str, Any]:
+    @contextlib.asynccontextmanager
+    async def _request(self, method: str, path_or_url: str, **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send one request; a connection that cannot be made becomes :class:`PublisherUnreachableError`."""
+        try:
+            async with self.session.request(method, self._url(path_or_url), **kwargs) as resp:
+                yield resp
+        except aiohttp.ClientConnectorError as exc:
+            raise PublisherUnreachableError(
+                f"cannot connect to the publisher at {self.base_url}: {_connect_reason(exc)}") from exc
+
+    async def _json_or_raise(self, resp: aiohttp.ClientResponse, *, expect: tuple[int, ...]) -> dict[str, Any]:
         try:
             data = await resp.json(content_type=None)
         except (ValueError, aiohttp.ContentTypeError):
@@ -232,16 +305,38 @@ class FanoutClient:
             return data
         problem = data if isinstance(data, dict) else {}
         detail = problem.get("detail") or problem.get("title") or resp.reason or "request refused"
+        fields = "; ".join(f"{e.get('field')}: {e.get('detail')}" for e in problem.get("errors") or []
+                           if isinstance(e, dict))
+        if fields:
+            detail = f"{detail} ({fields})"
+        if resp.status == 404 and (self._ends_in_v1() or not _about_a_stream(problem)):
+            detail = f"{resp.method} {resp.url.path} {NOT_A_ROUTE}: {self._root_hint()}"
         raise StreamUnavailableError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
+
+    def _ends_in_v1(self) -> bool:
+        return URL(self.base_url).path.rstrip("/").endswith("/v1")
+
+    def _root_hint(self) -> str:
+        """Advice for a base URL that reached no route."""
+        if self._ends_in_v1():
+            return f"give the publisher's root URL without /v1 ({self.base_url[:-3]})"
+        return f"is {self.base_url} the publisher's root URL (e.g. http://127.0.0.1:8080)?"
 
 
 class _Connection:
-    """What one connection learned beyond its events: whether the server said 204."""
+    """What one connection learned beyond its events: whether it got an answer, and a 204."""
 
-    __slots__ = ("complete",)
+    __slots__ = ("complete", "connected")
 
     def __init__(self) -> None:
         self.complete = False
+        self.connected = False
+
+
+def _about_a_stream(problem: dict[str, Any]) -> bool:
+    """Return True for the publisher's ``404`` about an unknown stream (not a missing route)."""
+    kind, detail = str(problem.get("type", "")), str(problem.get("detail", ""))
+    return kind.endswith("/not-found") and not detail.startswith("no such route")
 
 
 def _backoff_s(retry_ms: int, failures: int) -> float:

@@ -2,9 +2,13 @@
 
 ``submit`` posts a job and prints the publisher's answer (or, with ``--follow``, the
 events as they arrive); ``tail`` follows a stream with automatic resume and prints
-its events as JSON lines, or the assembled result with ``--result``. The publisher's
-address comes from ``--url`` or ``FANOUT_URL``; the API key from ``--api-key`` or
-``FANOUT_API_KEY``.
+its events as JSON lines, or the whole stream's assembled result with ``--result``.
+The publisher's address comes from ``--url``, else ``FANOUT_URL``, else
+:data:`DEFAULT_URL`; the API key from ``--api-key`` or ``FANOUT_API_KEY``; the read
+token of ``tail`` from ``--token`` or ``FANOUT_TOKEN``.
+
+Every refusal is one line that names the option or variable to fix
+(:class:`schema.cli.CommandError`); exit statuses are those of :mod:`schema.cli`.
 """
 
 from __future__ import annotations
@@ -14,36 +18,97 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import msgspec
 
-from publisher.client import FanoutClient, StreamUnavailableError
+from publisher.client import (
+    NOT_A_ROUTE,
+    FanoutClient,
+    PublisherUnreachableError,
+    StreamUnavailableError,
+    base_url_problem,
+)
+from schema.cli import EXIT_OK, EXIT_REFUSED, EXIT_STREAM_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, CommandError
 from schema.contract import encode_event
 from schema.job import PROVIDERS
 from schema.reducer import Assembler, result_to_builtins
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL: Final = "http://127.0.0.1:8080"
 """Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
+ERROR_STATUSES: Final = ("failed", "interrupted", "cancelled")
+"""Stream statuses of a ``stream.error`` end (exit 3)."""
+
+Credential = Literal["api key", "token", "none"]
+
+
+class Target(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the command talks to, and where each setting came from (for messages)."""
+
+    url: str
+    """The publisher's root URL."""
+    url_source: str
+    """``--url``, ``FANOUT_URL`` or ``the default``."""
+    api_key: str | None
+    """The API key, if any."""
+    command: str = "submit"
+    """The subcommand, for messages."""
+
+
+def _seq(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a seq, a whole number >= 0 (got {text!r})")
+    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the options of ``submit`` or ``tail``."""
-    parser.add_argument("--url", default=os.environ.get("FANOUT_URL", DEFAULT_URL), help="publisher root URL")
-    parser.add_argument("--api-key", default=os.environ.get("FANOUT_API_KEY"), help="bearer API key")
+    parser.add_argument("--url", help=f"the publisher's root URL, without /v1 (env FANOUT_URL; default {DEFAULT_URL})")
+    parser.add_argument("--api-key", help="bearer API key, one of the publisher's FANOUT_API_KEYS "
+                                          "(env FANOUT_API_KEY; default: none)")
     if command == "submit":
-        parser.add_argument("--provider", required=True, choices=PROVIDERS)
-        parser.add_argument("--model", required=True)
-        parser.add_argument("--request", required=True, help="provider-native request body: JSON file, or - for stdin")
+        parser.add_argument("--provider", required=True, choices=PROVIDERS, metavar="PROVIDER",
+                            help="provider API the worker calls: openai_chat (and compatible servers), "
+                                 "openai_responses, anthropic or gemini")
+        parser.add_argument("--model", required=True,
+                            help="the provider's model name; against fanout demo or fanout upstream, a recorded "
+                                 "case (transcripts/<dir>/INDEX.md lists them; slow-<case> streams slowly)")
+        parser.add_argument("--request", required=True, metavar="FILE|-|JSON",
+                            help="the provider-native request body: a JSON file, - for stdin, or the JSON object "
+                                 "itself when the value starts with {")
         parser.add_argument("--stream-id", help="choose the stream id (makes the call idempotent)")
-        parser.add_argument("--metadata", help="JSON object copied onto stream.start")
+        parser.add_argument("--metadata", metavar="JSON",
+                            help="a JSON object copied onto stream.start, e.g. '{\"user\": \"u1\"}'")
         parser.add_argument("--follow", action="store_true", help="print the events until the stream ends")
     else:
-        parser.add_argument("stream_id")
-        parser.add_argument("--token", default=os.environ.get("FANOUT_TOKEN"), help="read token (else the API key)")
-        parser.add_argument("--last-event-id", type=int, default=None, help="the last seq already held")
-        parser.add_argument("--result", action="store_true", help="print only the assembled result at the end")
+        parser.add_argument("stream_id", help="the stream's id (submit prints it)")
+        parser.add_argument("--token", help="the stream's read token (env FANOUT_TOKEN; default: read with the "
+                                            "API key)")
+        parser.add_argument("--last-event-id", type=_seq, metavar="SEQ",
+                            help="the last seq already held: print only the events after it")
+        parser.add_argument("--result", action="store_true",
+                            help="print only the whole stream's assembled result once it ended (with "
+                                 "--last-event-id too: it waits from there, then the result comes from "
+                                 "GET /v1/streams/{id})")
+
+
+def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Target:
+    """Resolve the URL and API key from the flags, then the environment, then the default.
+
+    Raises:
+        CommandError: The URL is not an ``http(s)://`` URL (exit 2), naming where it came from.
+    """
+    env = os.environ if environ is None else environ
+    url, source = (args.url, "--url") if args.url else (env.get("FANOUT_URL"), "FANOUT_URL")
+    if not url:
+        url, source = DEFAULT_URL, "the default URL (set FANOUT_URL or --url to change it)"
+    problem = base_url_problem(url)
+    if problem is not None:
+        raise CommandError(f"{source}: {problem}")
+    return Target(url=url, url_source=source, api_key=args.api_key or env.get("FANOUT_API_KEY") or None,
+                  command=args.command)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,50 +116,149 @@ def run(args: argparse.Namespace) -> int:
 
     Exit status: 0 when the call succeeded (and a followed stream ended ``completed`` or
     ``incomplete``), 1 when the publisher refused the call, 2 on bad input, 3 when a
-    followed stream ended in ``stream.error`` (failed, interrupted or cancelled).
+    followed stream ended in ``stream.error`` (failed, interrupted or cancelled), 4 when
+    the publisher cannot be reached.
+
+    Raises:
+        CommandError: Each of those refusals, worded with what to do.
     """
+    target = target_of(args)
+    if args.command == "submit":
+        return asyncio.run(_submit(args, target))
+    token = args.token or os.environ.get("FANOUT_TOKEN") or None
+    return asyncio.run(_tail(target, args.stream_id, token, args.last_event_id, result_only=args.result))
+
+
+def _json_object(text: str, where: str, example: str) -> dict[str, Any]:
     try:
-        if args.command == "submit":
-            return asyncio.run(_submit(args))
-        return asyncio.run(_tail(args, args.stream_id, args.token, args.last_event_id, args.result))
-    except StreamUnavailableError as exc:
-        sys.stderr.write(f"fanout {args.command}: {exc.message}\n")
-        return 1
-    except (ValueError, OSError) as exc:
-        sys.stderr.write(f"fanout {args.command}: {exc}\n")
-        return 2
-
-
-def _read_json(source: str) -> dict[str, Any]:
-    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
-    value = json.loads(text)
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{where} is not JSON ({exc}); it must be one JSON object, e.g. {example}") from exc
     if not isinstance(value, dict):
-        raise ValueError("the request must be a JSON object")
+        raise CommandError(f"{where} must be a JSON object, e.g. {example}; got a JSON {type(value).__name__}")
     return value
 
 
-async def _submit(args: argparse.Namespace) -> int:
-    request = _read_json(args.request)
-    metadata = json.loads(args.metadata) if args.metadata else None
-    async with FanoutClient(args.url, api_key=args.api_key) as client:
-        sub = await client.submit(provider=args.provider, model=args.model, request=request,
-                                  stream_id=args.stream_id, metadata=metadata)
+def read_request(source: str) -> dict[str, Any]:
+    """Return the ``--request`` body: inline JSON (starts with ``{``), ``-`` for stdin, else a file.
+
+    Raises:
+        CommandError: The file cannot be read, or the text is not one JSON object (exit 2).
+    """
+    example = "'{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
+    if source.lstrip().startswith("{"):
+        return _json_object(source, "--request", example)
+    if source == "-":
+        return _json_object(sys.stdin.read(), "--request - (stdin)", example)
+    how = "give a JSON file, - for stdin, or the JSON object itself ('{...}')"
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise CommandError(f"--request {source}: no such file; {how}") from exc
+    except IsADirectoryError as exc:
+        raise CommandError(f"--request {source}: is a directory; {how}") from exc
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"--request {source}: not UTF-8 text ({exc.reason}); {how}") from exc
+    except OSError as exc:
+        raise CommandError(f"--request {source}: cannot read it ({exc.strerror or exc}); {how}") from exc
+    return _json_object(text, f"--request {source}", example)
+
+
+async def _submit(args: argparse.Namespace, target: Target) -> int:
+    request = read_request(args.request)
+    metadata = _json_object(args.metadata, "--metadata", "'{\"user\": \"u1\"}'") if args.metadata else None
+    async with FanoutClient(target.url, api_key=target.api_key) as client:
+        try:
+            sub = await client.submit(provider=args.provider, model=args.model, request=request,
+                                      stream_id=args.stream_id, metadata=metadata)
+        except StreamUnavailableError as exc:
+            raise refusal(exc, target, "api key" if target.api_key else "none", None) from exc
     sys.stdout.write(msgspec.json.encode(sub).decode() + "\n")
+    sys.stdout.flush()
     if not args.follow:
-        return 0
-    return await _tail(args, sub.stream_id, sub.token, None, False)
+        return EXIT_OK
+    return await _tail(target, sub.stream_id, sub.token, None, result_only=False)
 
 
-async def _tail(args: argparse.Namespace, stream_id: str, token: str | None, last: int | None, result: bool) -> int:
+async def _tail(target: Target, stream_id: str, token: str | None, last: int | None, *, result_only: bool) -> int:
+    credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
-    async with FanoutClient(args.url, api_key=args.api_key) as client:
-        async for event in client.events(stream_id, token=token, last_event_id=last):
-            assembler.apply(event)
-            if not result:
-                sys.stdout.write(encode_event(event).decode() + "\n")
-                sys.stdout.flush()
-    final = assembler.result()
-    if result:
-        out = msgspec.json.encode(result_to_builtins(final))
+    async with FanoutClient(target.url, api_key=target.api_key) as client:
+        try:
+            async for event in client.events(stream_id, token=token, last_event_id=last):
+                assembler.apply(event)
+                if not result_only:
+                    sys.stdout.write(encode_event(event).decode() + "\n")
+                    sys.stdout.flush()
+            result = result_to_builtins(assembler.result())
+            if last is not None:  # the events seen are not the whole stream: ask for its result
+                result = await _whole_result(client, target.command, stream_id, token)
+        except StreamUnavailableError as exc:
+            raise refusal(exc, target, credential, stream_id) from exc
+    if result_only:
+        out = msgspec.json.encode(result)
         sys.stdout.write(msgspec.json.format(out, indent=2).decode() + "\n")
-    return 3 if final.status in ("failed", "interrupted", "cancelled") else 0
+    return _exit_status(target.command, stream_id, result)
+
+
+async def _whole_result(client: FanoutClient, command: str, stream_id: str, token: str | None) -> dict[str, Any]:
+    """Return the result of every stored event, from ``GET /v1/streams/{id}`` (not only those printed)."""
+    status = await client.status(stream_id, token)
+    result = status.get("result")
+    if not isinstance(result, dict):
+        raise CommandError(f"stream {stream_id} has expired: its events are gone, so there is no result "
+                           f"(it ended {status.get('status')})", exit_status=EXIT_REFUSED)
+    if not status.get("history_complete", True):
+        sys.stderr.write(f"fanout {command}: stream {stream_id}'s stored history no longer starts at seq 1: "
+                         "the result lacks its first blocks\n")
+    return result
+
+
+def _exit_status(command: str, stream_id: str, result: dict[str, Any]) -> int:
+    if result.get("status") not in ERROR_STATUSES:
+        return EXIT_OK
+    error = result.get("error") or {}
+    sys.stderr.write(f"fanout {command}: stream {stream_id} ended {result['status']} ({error.get('category')}): "
+                     f"{error.get('message')}\n")
+    return EXIT_STREAM_ERROR
+
+
+def refusal(exc: StreamUnavailableError, target: Target, credential: Credential,
+            stream_id: str | None) -> CommandError:
+    """Word a refusal with what to do: which variable or option to check, how to get a token.
+
+    Args:
+        exc: What the client raised.
+        target: Where the command talked to.
+        credential: What the failing call sent: the API key, a read token, or nothing.
+        stream_id: The stream of a read call (``None`` for submit).
+
+    Returns:
+        The error to raise: exit 4 when unreachable, else 1.
+    """
+    if isinstance(exc, PublisherUnreachableError):
+        return CommandError(f"{exc.message}; is the publisher running? The URL comes from {target.url_source}",
+                            exit_status=EXIT_UNREACHABLE)
+    if NOT_A_ROUTE in exc.message:
+        return CommandError(f"{exc.message}; the URL comes from {target.url_source}", exit_status=EXIT_REFUSED)
+    if exc.status == 401:
+        return CommandError(_unauthorized(exc, target, credential, stream_id), exit_status=EXIT_REFUSED)
+    if exc.status == 400 and "position" in str(exc.problem.get("type", "")):
+        return CommandError(f"{exc.message} (check --last-event-id)", exit_status=EXIT_USAGE)
+    if exc.status == 404 and stream_id is not None:
+        return CommandError(f"{exc.message} (check the id: submit prints it as stream_id)", exit_status=EXIT_REFUSED)
+    return CommandError(exc.message, exit_status=EXIT_REFUSED)
+
+
+def _unauthorized(exc: StreamUnavailableError, target: Target, credential: Credential, stream_id: str | None) -> str:
+    if credential == "none":
+        read = " (tail also takes the stream's read token: --token or FANOUT_TOKEN)" if stream_id else ""
+        return f"no credential was sent: set FANOUT_API_KEY or --api-key{read}"
+    if credential == "token":
+        what = "expired" if str(exc.problem.get("type", "")).endswith("token-expired") else "is invalid"
+        return (f"the read token {what}: mint a new one with POST /v1/streams/{stream_id}/tokens and an API key, "
+                "or leave out --token and FANOUT_TOKEN to read with FANOUT_API_KEY")
+    if target.api_key and target.api_key.startswith("v1."):
+        return "FANOUT_API_KEY (or --api-key) holds a read token; pass read tokens with --token, API keys here"
+    return "the publisher refused the API key: check FANOUT_API_KEY or --api-key; it must be one of the " \
+           "publisher's FANOUT_API_KEYS"

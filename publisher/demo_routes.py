@@ -20,6 +20,7 @@ stack (``fanout demo`` does), never beside real provider credentials.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -107,11 +108,29 @@ async def demo_start(request: web.Request) -> web.Response:
 
 
 def _same_origin(request: web.Request) -> None:
+    """Accept only the demo page's own ``fetch``: an ``Origin`` equal to this server, named by an address.
+
+    A browser always sends ``Origin`` on a cross-site or same-site ``POST``; a host *name*
+    other than ``localhost`` is refused too, so a DNS-rebinding page (its own name resolving
+    to this server) cannot pass the check with a matching ``Host``.
+    """
     origin = request.headers.get("Origin")
     own = f"{request.scheme}://{request.host}"
-    if origin is not None and origin != own:
-        raise ProblemError("forbidden", f"POST /demo/streams only accepts requests from the demo page at {own}/demo "
-                                        f"(Origin {origin!r}); submit other jobs with POST /v1/streams and an API key")
+    if origin != own or not _address_host(request.url.host or ""):
+        raise ProblemError("forbidden", f"POST /demo/streams only accepts the demo page's own requests: open it at "
+                                        f"http://127.0.0.1:<port>/demo or http://localhost:<port>/demo (Origin "
+                                        f"{origin!r}); submit other jobs with POST /v1/streams and an API key")
+
+
+def _address_host(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or an IP address literal (not a DNS name)."""
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _parse_start(raw: bytes) -> DemoStart:

@@ -4,7 +4,11 @@ Settings come from ``FANOUT_*`` variables (:mod:`publisher.settings`), telemetry
 ``OTEL_*`` (:func:`publisher.telemetry.providers_from_env`). On SIGTERM the listening
 socket closes first, then open SSE responses are closed spread over
 ``FANOUT_SHUTDOWN_WINDOW_S``, then Redis connections. Exit code 0 after a clean stop,
-2 for bad configuration.
+2 for bad configuration (a bad variable, ``REDIS_URL`` not a Redis URL, the port in use).
+
+A Redis that does not answer at start does not stop the publisher: it logs a WARNING
+naming the URL, answers ``503`` on ``/readyz`` and on the routes that need Redis, and
+serves normally as soon as Redis answers (readiness probes keep traffic away meanwhile).
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ import signal
 import sys
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings, settings_from_env
+from publisher.state import REDIS
+from publisher.status import READY_TIMEOUT_S
 from publisher.telemetry import providers_from_env
+from schema.cli import EXIT_USAGE, check_redis_url, redact_url
 from schema.settings import SettingsError
 from worker.redis_client import REDIS_ERRORS
 
@@ -31,17 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Add the ``publisher`` subcommand's flags."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port; 0 picks a free one (default 8080)")
-    parser.add_argument("--dev", action="store_true", help="development mode, as FANOUT_DEV=1")
+    parser.add_argument("--dev", action="store_true",
+                        help="development mode, as FANOUT_DEV=1: a throwaway token secret when none is set")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the publisher; return the process exit code."""
+    """Run the publisher; return the process exit code.
+
+    Raises:
+        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = settings_from_env(os.environ, dev=True if args.dev else None)
     except SettingsError as exc:
         print(f"fanout publisher: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    check_redis_url(settings.redis_url)
     try:
         return asyncio.run(serve(settings, args.host, args.port))
     except (*REDIS_ERRORS, ValueError) as exc:
@@ -60,12 +74,34 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider)
     runner = web.AppRunner(app, handle_signals=False, **RUNNER_KWARGS)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError:  # port in use, unknown host: fanout_cli words it
+        await runner.cleanup()
+        raise
     for address in runner.addresses:
         log.info("listening on http://%s:%s", *address[:2])
+    await warn_unless_redis_answers(app, settings.redis_url)
     await stop.wait()
     log.info("stopping: no new connections; closing event streams over %ss", settings.shutdown_window_s)
     await runner.cleanup()
     providers.shutdown()
     log.info("stopped")
     return 0
+
+
+async def warn_unless_redis_answers(app: web.Application, redis_url: str) -> bool:
+    """PING Redis once at start; log a WARNING naming the URL and the fix when it does not answer.
+
+    Returns:
+        True when Redis answered within :data:`publisher.status.READY_TIMEOUT_S`.
+    """
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            await app[REDIS].ping()
+    except (RedisError, TimeoutError, OSError) as exc:
+        log.warning("Redis at %s does not answer (%s): /readyz and the stream routes answer 503 until it does; "
+                    "start Redis, or point REDIS_URL at a running one", redact_url(redis_url),
+                    str(exc).rstrip(".") or type(exc).__name__)
+        return False
+    return True

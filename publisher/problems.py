@@ -44,6 +44,9 @@ PROBLEM_TYPES: Final[dict[str, tuple[int, str]]] = {
 }
 """Slug → (HTTP status, fixed title) of every problem type the publisher sends."""
 
+NO_ROUTE: Final = "no such route: the API's routes are /v1/streams... under the publisher's root URL (see openapi.json)"
+"""``detail`` of the ``404`` for a path no route matches (often a base URL that already ends in ``/v1``)."""
+
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -122,6 +125,8 @@ def from_http_exception(exc: web.HTTPException) -> web.Response:
     slugs = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
     slug = slugs.get(exc.status)
     headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+    if slug == "not-found":
+        return ProblemError(slug, NO_ROUTE, headers=headers).response()
     if slug is not None:
         return ProblemError(slug, exc.reason or PROBLEM_TYPES[slug][1], headers=headers).response()
     body = {"type": "about:blank", "title": exc.reason, "status": exc.status, "detail": exc.reason}

@@ -23,7 +23,9 @@ the others live next to the only code that raises them and name their module.
     │       ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
     │       └── StreamClosedError     * the stream already has its terminal event
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
+    ├── CommandError                  schema.cli: a user mistake a command reports as one line and an exit status
     └── StreamUnavailableError        publisher.client: the publisher refused a stream (404, 410, 401/403)
+        └── PublisherUnreachableError publisher.client: no connection to the publisher could be made or kept
 
 Control signals, not errors: they unwind a job's own call stack and never leave it, so
 they stay outside :class:`FanoutError` (and carry no contract category)::

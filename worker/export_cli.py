@@ -151,7 +151,6 @@ class ParquetSink:
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``export`` options."""
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--output", "-o", default="-", help="NDJSON file (appended) or - for stdout; "
                         "a directory for parquet")
     parser.add_argument("--format", choices=["ndjson", "parquet"], default="ndjson", help="output format")
@@ -159,16 +158,32 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                         "an ISO 8601 time, or 2h / 30m / 7d ago")
     parser.add_argument("--group", default="export", help="consumer group on P:done: its position is the checkpoint")
     parser.add_argument("--follow", action="store_true", help="keep exporting streams as they finish")
-    parser.add_argument("--redis-url", default=None, help="Redis URL (default: REDIS_URL)")
-    parser.add_argument("--prefix", default=None, help="key prefix (default: FANOUT_REDIS_PREFIX or fanout)")
-    parser.add_argument("--batch", type=int, default=100, help="summaries per read and per durable write")
+    parser.add_argument("--redis-url", default=None, help="Redis URL (env REDIS_URL; default redis://localhost:6379/0)")
+    parser.add_argument("--prefix", default=None, help="key prefix (env FANOUT_REDIS_PREFIX; default fanout)")
+    parser.add_argument("--batch", type=_positive, default=100, help="summaries per read and per durable write")
+
+
+def _positive(text: str) -> int:
+    """``--batch``: a whole number >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return int(text)
+
+
+MAX_SINCE_MS: Final = 2**63 - 1
+"""Largest ``--since`` (a Redis stream id's millisecond part is a 64-bit number)."""
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the export; return the exit status of the module docstring."""
+    if not args.group.strip():
+        sys.stderr.write("fanout export: --group must name a consumer group, e.g. --group export\n")
+        return 2
     try:
         since_ms = parse_since(args.since) if args.since else 0
-    except ValueError:
+        if not 0 <= since_ms <= MAX_SINCE_MS:
+            raise ValueError(args.since)
+    except (ValueError, OverflowError):
         sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
                          "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
         return 2

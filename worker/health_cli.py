@@ -7,7 +7,8 @@ recorded shard counts, ``FANOUT_REDIS_PREFIX``) has its ``workers`` consumer gro
 when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
 printing each problem with the server's message. A missing group means Redis lost its data
 (restart without persistence, failover to an empty replica): a running worker recreates
-it on its next read, so the check passes again once one did.
+it on its next read, so the check passes again once one did. Exit 2 when ``REDIS_URL`` is
+not a Redis URL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 
 import aiohttp
 
+from schema.cli import check_redis_url, redact_url
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.intake import missing_groups, streams_in_use
@@ -28,12 +30,18 @@ from worker.settings import load_worker_settings
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``health`` options."""
-    parser.add_argument("--url", default=os.environ.get("FANOUT_HEALTH_URL"), help="HTTP URL that must answer 200")
+    parser.add_argument("--url", default=os.environ.get("FANOUT_HEALTH_URL"),
+                        help="HTTP URL that must answer 200 (env FANOUT_HEALTH_URL; default: none)")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="limit of each check, seconds")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the checks; return 0 when healthy."""
+    """Run the checks; return 0 when healthy.
+
+    Raises:
+        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2).
+    """
+    check_redis_url(os.environ.get("REDIS_URL") or "redis://")
     problems = asyncio.run(_check(args.url, args.timeout_s))
     for problem in problems:
         sys.stderr.write(f"unhealthy: {problem}\n")
@@ -64,7 +72,7 @@ async def redis_problems(timeout_s: float) -> list[str]:
                          for s in await missing_groups(client, streams)]
             return problems
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
-        return [f"redis: {type(exc).__name__}: {exc}"]
+        return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {exc}"]
     finally:
         await client.aclose()
 

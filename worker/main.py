@@ -2,7 +2,9 @@
 
 Configuration comes from the environment (:class:`worker.settings.WorkerSettings`, provider
 keys from ``OPENAI_API_KEY``/``ANTHROPIC_API_KEY``/``GEMINI_API_KEY``); flags override it.
-Logs are ``key=value`` lines on stderr; they never hold keys or prompt text.
+Logs are ``key=value`` lines on stderr; they never hold keys or prompt text. A Redis that
+does not answer at start ends the process with one line and exit 4 (no traceback); with
+no provider credential at all the worker still starts, and says so as a WARNING.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import os
 import signal
 import sys
 
+import redis.exceptions
+
+from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.job_groups import watch_job_groups
@@ -21,7 +26,7 @@ from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
-from worker.upstream import credentials_from_env, new_session
+from worker.upstream import Credentials, credentials_from_env, new_session
 
 log = logging.getLogger("fanout.worker")
 
@@ -31,25 +36,37 @@ LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``worker`` options (each overrides its ``FANOUT_*`` variable)."""
-    parser.add_argument("--concurrency", type=int, default=None, help="streams run at once (FANOUT_CONCURRENCY)")
-    parser.add_argument("--redis-url", default=None, help="Redis URL (REDIS_URL)")
-    parser.add_argument("--prefix", dest="redis_prefix", default=None, help="key prefix (FANOUT_REDIS_PREFIX)")
+    defaults = WorkerSettings()
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help=f"streams run at once (env FANOUT_CONCURRENCY; default {defaults.concurrency})")
+    parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {defaults.redis_url})")
+    parser.add_argument("--prefix", dest="redis_prefix", default=None,
+                        help=f"key prefix (env FANOUT_REDIS_PREFIX; default {defaults.redis_prefix})")
     parser.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="log level (FANOUT_LOG_LEVEL)")
+                        help=f"log level (env FANOUT_LOG_LEVEL; default {defaults.log_level})")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis is unusable."""
+    """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis cannot serve it.
+
+    Raises:
+        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2), or Redis does not
+            answer when the worker starts (exit 4).
+    """
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
                                         redis_prefix=args.redis_prefix, log_level=args.log_level)
     except SettingsError as exc:
         sys.stderr.write(f"fanout worker: {exc}\n")
-        return 2
+        return EXIT_USAGE
+    source = "--redis-url" if args.redis_url else "REDIS_URL (or --redis-url)"
+    check_redis_url(settings.redis_url, source=source)
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
     telemetry = Telemetry.from_env(os.environ)
     try:
         asyncio.run(serve(settings, telemetry))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise redis_unreachable(settings.redis_url, exc, source=source) from exc
     except (*REDIS_ERRORS, ValueError) as exc:
         sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
                          f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER\n")
@@ -68,6 +85,7 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     credentials = credentials_from_env(os.environ)
     log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%r",
              settings.concurrency, settings.job_shards, settings.redis_cluster, credentials)
+    _warn_without_credentials(credentials)
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster,
                                                       client_name=f"fanout-worker:{settings.redis_prefix}"))
     session = new_session(settings)
@@ -82,6 +100,13 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     finally:
         await session.close()
         await client.aclose()
+
+
+def _warn_without_credentials(credentials: Credentials) -> None:
+    """Log a WARNING when no provider key is set: real providers will refuse every job (401)."""
+    if not any(credentials.key(vendor) for vendor in ("openai", "anthropic", "gemini")):
+        log.warning("event=no_credentials detail=\"no provider key is set (OPENAI_API_KEY, ANTHROPIC_API_KEY, "
+                    "GEMINI_API_KEY): real providers will refuse every job; fine against fanout upstream\"")
 
 
 def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:

@@ -1,37 +1,94 @@
-"""``fanout replay``: normalize a recorded provider response body offline and print the events."""
+"""``fanout replay``: normalize a recorded provider response body offline and print the events.
+
+``--provider`` takes the provider names jobs use (``openai_chat``, ``openai_responses``,
+``anthropic``, ``gemini``); Gemini's framing is detected from the body (a JSON array
+starts with ``[`` after any whitespace, anything else is SSE). The transcript directory
+names ``gemini_sse`` and ``gemini_json_array`` stay accepted and force the framing.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
+from schema.cli import EXIT_REFUSED, CommandError
 from schema.contract import encode_event
+from schema.job import PROVIDERS
 from schema.reducer import reduce, result_to_builtins
 from schema.validate import validate
+from worker.adapters.base import Framing
 from worker.replay import TRANSCRIPT_DIRS, replay_reads, split_reads
+
+KINDS: Final = (*PROVIDERS, *(name for name in sorted(TRANSCRIPT_DIRS) if name not in PROVIDERS))
+"""Accepted ``--provider`` values: the job provider names, then the transcript directory names."""
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes >= 1 (got {text!r})")
+    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Declare the ``replay`` options."""
-    parser.add_argument("path", type=Path, help="response body file (transcripts/<dir>/<case>.sse), or - for stdin")
-    parser.add_argument("--provider", choices=sorted(TRANSCRIPT_DIRS),
-                        help="provider/framing directory name; default: the file's directory")
-    parser.add_argument("--chunk", type=int, default=None, help="feed the body in reads of this many bytes")
+    """Declare the ``replay`` options (``--chunk`` is a hidden alias of ``--chunk-size``)."""
+    parser.add_argument("path", help="response body file (e.g. transcripts/anthropic/simple_text.sse), or - for stdin")
+    parser.add_argument("--provider", choices=KINDS, metavar="PROVIDER",
+                        help=f"{', '.join(PROVIDERS)} (gemini: framing detected from the body; gemini_sse and "
+                             "gemini_json_array force it); default: the name of the file's directory")
+    parser.add_argument("--chunk-size", type=_positive, metavar="BYTES", dest="chunk_size",
+                        help="feed the body in reads of this many bytes (default: one read)")
+    parser.add_argument("--chunk", type=_positive, dest="chunk_size", help=argparse.SUPPRESS)
     parser.add_argument("--result", action="store_true", help="print the assembled result instead of events")
 
 
+def detect_framing(body: bytes) -> Framing:
+    """Return ``json_array`` when ``body`` starts with ``[`` after whitespace, else ``sse``."""
+    return "json_array" if body.lstrip()[:1] == b"[" else "sse"
+
+
+def resolve_kind(kind: str, body: bytes) -> tuple[str, Framing]:
+    """Return (provider API, framing) for a ``--provider`` value or directory name.
+
+    Raises:
+        KeyError: ``kind`` is neither a provider name nor a transcript directory.
+    """
+    if kind == "gemini":
+        return "gemini", detect_framing(body)
+    return TRANSCRIPT_DIRS[kind]
+
+
+def _read_body(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise CommandError(f"{path}: no such file; give a recorded response body (e.g. "
+                           "transcripts/anthropic/simple_text.sse), or - for stdin") from exc
+    except IsADirectoryError as exc:
+        raise CommandError(f"{path}: is a directory; give one body file of it (e.g. {path.rstrip('/')}/<case>.sse)"
+                           ) from exc
+    except OSError as exc:
+        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
-    """Replay one body; exit 0 when the events pass the validator, 1 otherwise."""
-    kind = args.provider or (args.path.parent.name if str(args.path) != "-" else None)
-    if kind not in TRANSCRIPT_DIRS:
-        sys.stderr.write(f"fanout replay: say --provider (one of {', '.join(sorted(TRANSCRIPT_DIRS))})\n")
-        return 2
-    body = sys.stdin.buffer.read() if str(args.path) == "-" else args.path.read_bytes()
-    provider, framing = TRANSCRIPT_DIRS[kind]
-    sizes = [args.chunk] if args.chunk else None
+    """Replay one body; exit 0 when the events pass the validator, 1 otherwise.
+
+    Raises:
+        CommandError: No provider could be told (exit 2), or the file cannot be read (exit 2).
+    """
+    body = _read_body(args.path)
+    kind = args.provider or (Path(args.path).parent.name if args.path != "-" else None)
+    if kind not in KINDS:
+        raise CommandError(f"say which provider recorded the body: --provider {{{','.join(PROVIDERS)}}} "
+                           "(the file's directory names none)")
+    provider, framing = resolve_kind(kind, body)
+    sizes = [args.chunk_size] if args.chunk_size else None
     events, ignored = replay_reads(split_reads(body, sizes), provider=provider, framing=framing)
     out = sys.stdout
     if args.result:
@@ -45,4 +102,4 @@ def run(args: argparse.Namespace) -> int:
     violations = validate(events)
     for violation in violations:
         sys.stderr.write(f"invariant {violation.rule} broken at seq {violation.seq}: {violation.message}\n")
-    return 1 if violations else 0
+    return EXIT_REFUSED if violations else 0

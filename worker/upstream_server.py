@@ -23,7 +23,7 @@ model                  answer
 ``gzip-status-<code>`` that HTTP status with the provider's error body gzip-compressed
 ``garbage``            200 (the framing's content type), then :data:`GARBAGE_BYTES` random bytes
                        (seeded: the same bytes on every request)
-unknown                404 with the provider's error body
+unknown                404 with the provider's error body, pointing at ``transcripts/<dir>/INDEX.md``
 =====================  ===========================================================================
 
 Every request is recorded (method, path, query, headers with secret values shown as
@@ -207,7 +207,7 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
         delay_ms, case = state.config.slow_delay_ms, case[5:]
     path = _find(state.config.roots, provider_dir, case)
     if path is None:
-        return _error(provider_dir, 404, f"The model '{model}' does not exist", code="model_not_found")
+        return _error(provider_dir, 404, not_found_message(provider_dir, model), code="model_not_found")
     return await _stream(request, provider_dir, path.read_bytes(), delay_ms)
 
 
@@ -224,6 +224,13 @@ async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.St
         return _error(provider_dir, 404, f"no transcript named {case!r} to compress")
     return await _stream(request, provider_dir, gzip.compress(path.read_bytes()), state.config.delay_ms,
                          headers={"Content-Encoding": "gzip"})
+
+
+def not_found_message(provider_dir: str, model: str) -> str:
+    """Return the ``404`` message for a model that names no case: where the case list is."""
+    return (f"The model '{model}' does not exist in fanout upstream: here a model names a recorded case, "
+            f"transcripts/{provider_dir}/<case>.sse (the list: transcripts/{provider_dir}/INDEX.md); "
+            "slow-<case> streams it slowly")
 
 
 def _content_type(provider_dir: str) -> str:

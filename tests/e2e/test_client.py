@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from publisher.client import FanoutClient, StreamUnavailableError, _backoff_s
-from publisher.stack import LocalStack
+from publisher.client import FanoutClient, PublisherUnreachableError, StreamUnavailableError, _backoff_s
+from publisher.stack import LocalStack, free_port
 from schema.contract import StreamDone, is_terminal
 from schema.reducer import reduce
 from schema.validate import validate
@@ -102,6 +102,28 @@ async def test_result_helper_assembles_the_stream(stack: LocalStack) -> None:
         result = await client.result(sub.stream_id, token=sub.token)
     got = msgspec.to_builtins(result)
     assert {k: got[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden(directory, case)
+
+
+async def test_client_raises_at_once_when_the_first_connection_is_refused() -> None:
+    async with FanoutClient(f"http://127.0.0.1:{free_port()}", max_reconnects=3) as client:
+        with pytest.raises(PublisherUnreachableError) as info:
+            _ = [e async for e in client.events("st_x")]
+        assert client.reconnects == 0
+    assert "connection refused" in info.value.message
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "ftp://host", "http://[::1"])
+def test_client_refuses_a_base_url_that_is_not_http(url: str) -> None:
+    with pytest.raises(ValueError, match="URL"):
+        FanoutClient(url)
+
+
+async def test_client_says_the_base_url_must_not_end_in_v1(stack: LocalStack) -> None:
+    async with FanoutClient(f"{stack.base_url}/v1", api_key=stack.api_key) as client:
+        with pytest.raises(StreamUnavailableError) as info:
+            await client.submit(provider="anthropic", model="m", request={})
+    assert info.value.status == 404
+    assert "without /v1" in info.value.message
 
 
 def test_backoff_honours_retry_hint_then_grows_with_jitter() -> None:

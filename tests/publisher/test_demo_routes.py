@@ -76,7 +76,8 @@ async def test_demo_cases_lists_what_the_fake_upstream_serves(
 
 
 async def test_demo_start_submits_the_case_and_answers_a_read_token(ctx: Ctx, demo: str) -> None:
-    async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE}) as resp:
+    async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
+                             headers={"Origin": demo}) as resp:
         assert resp.status == 201, await resp.text()
         body = await resp.json()
     assert body["model"] == CASE
@@ -91,7 +92,7 @@ async def test_demo_start_submits_the_case_and_answers_a_read_token(ctx: Ctx, de
 
 async def test_demo_start_slow_submits_the_slow_model(ctx: Ctx, demo: str) -> None:
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "gemini", "case": "thought_text_call_blocks",
-                                                           "slow": True}) as resp:
+                                                           "slow": True}, headers={"Origin": demo}) as resp:
         assert resp.status == 201, await resp.text()
         body = await resp.json()
     assert body["model"] == "slow-thought_text_call_blocks"
@@ -107,7 +108,7 @@ async def test_demo_start_slow_submits_the_slow_model(ctx: Ctx, demo: str) -> No
     ({"provider": "anthropic"}, "case"),
 ])
 async def test_demo_start_refuses_anything_but_a_listed_case(ctx: Ctx, demo: str, payload: dict, field: str) -> None:
-    async with ctx.http.post(f"{demo}/demo/streams", json=payload) as resp:
+    async with ctx.http.post(f"{demo}/demo/streams", json=payload, headers={"Origin": demo}) as resp:
         assert resp.status == 400
         problem = await resp.json()
     assert problem["type"].endswith("/invalid-field")
@@ -117,7 +118,7 @@ async def test_demo_start_refuses_anything_but_a_listed_case(ctx: Ctx, demo: str
 
 
 async def test_demo_start_refuses_a_body_that_is_not_an_object(ctx: Ctx, demo: str) -> None:
-    async with ctx.http.post(f"{demo}/demo/streams", data=b"[1]") as resp:
+    async with ctx.http.post(f"{demo}/demo/streams", data=b"[1]", headers={"Origin": demo}) as resp:
         assert resp.status == 400
         assert (await resp.json())["type"].endswith("/invalid-body")
 
@@ -130,4 +131,17 @@ async def test_demo_start_refuses_another_origin(ctx: Ctx, demo: str) -> None:
         assert "POST /v1/streams" in (await resp.json())["detail"]
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
                              headers={"Origin": demo}) as resp:
+        assert resp.status == 201
+
+
+async def test_demo_start_refuses_no_origin_and_a_rebound_host_name(ctx: Ctx, demo: str) -> None:
+    body = {"provider": "anthropic", "case": CASE}
+    async with ctx.http.post(f"{demo}/demo/streams", json=body) as resp:
+        assert resp.status == 403  # no Origin: not the page's fetch
+    port = demo.rsplit(":", 1)[1]
+    rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    async with ctx.http.post(f"{demo}/demo/streams", json=body, headers=rebound) as resp:
+        assert resp.status == 403  # a DNS-rebinding page: Origin and Host agree, but name a foreign host
+    async with ctx.http.post(f"{demo}/demo/streams", json=body,
+                             headers={"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}) as resp:
         assert resp.status == 201

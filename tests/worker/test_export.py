@@ -262,3 +262,16 @@ async def test_follow_waits_idle_longer_than_a_read_timeout_and_exports_what_fin
     proc.send_signal(signal.SIGTERM)
     _out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--since", "99999999999999999999999"], "--since '99999999999999999999999' is not a time"),
+    (["--batch", "0"], "--batch: must be a whole number >= 1"),
+    (["--group", ""], "--group must name a consumer group"),
+])
+def test_export_refuses_bad_arguments_with_exit_2(args: list[str], words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "export", *args], cwd=ROOT, capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 2
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,403 @@
+"""Every user mistake on the command line: one line that says what to do, no traceback, a documented exit status.
+
+Each test runs the real ``fanout`` entry point as a subprocess, against a real
+publisher, worker, fake upstream and Redis where the mistake needs one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from publisher.stack import LocalStack, free_port, wait_for_port
+from schema.reducer import reduce
+from worker.replay import replay_file
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE = ("anthropic", "thinking_with_signature")
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def fanout(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``fanout ARGS`` with the FANOUT_* client variables cleared unless given."""
+    base = {k: v for k, v in os.environ.items() if k not in ("FANOUT_URL", "FANOUT_API_KEY", "FANOUT_TOKEN")}
+    return subprocess.run([sys.executable, "-m", "fanout_cli", *args], input=stdin, capture_output=True, text=True,
+                          env={**base, **(env or {})}, cwd=ROOT, timeout=timeout, check=False)
+
+
+def one_line(done: subprocess.CompletedProcess[str], status: int, *words: str) -> str:
+    """Assert the exit status, no traceback, and that stderr's last line holds every word; return it."""
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == status, (done.returncode, done.stderr)
+    line = done.stderr.strip().splitlines()[-1]
+    for word in words:
+        assert word in line, (word, line)
+    return line
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str) -> Iterator[LocalStack]:
+    with LocalStack(redis_url, workers=1, delay_ms=5, chunk_bytes=256) as running:
+        yield running
+
+
+def client_env(stack: LocalStack, **extra: str) -> dict[str, str]:
+    return {"FANOUT_URL": stack.base_url, "FANOUT_API_KEY": stack.api_key, **extra}
+
+
+def golden_result(directory: str, case: str) -> dict[str, object]:
+    events, _ = replay_file(ROOT / "transcripts" / directory / f"{case}.sse")
+    result = msgspec.to_builtins(reduce(events))
+    return {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")}
+
+
+@pytest.fixture(scope="module")
+def finished(stack: LocalStack) -> tuple[str, int]:
+    """A completed stream of CASE: (stream id, its last seq)."""
+    provider, case = CASE
+    done = fanout("submit", "--provider", provider, "--model", case, "--request", "-", "--follow",
+                  env=client_env(stack), stdin="{}")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    return json.loads(lines[0])["stream_id"], json.loads(lines[-1])["seq"]
+
+
+# --- tail --result: the whole stream's result -------------------------------------------------
+
+
+@pytest.mark.parametrize("position", ["end", "middle"])
+def test_tail_result_after_last_event_id_is_the_whole_streams(stack: LocalStack, finished: tuple[str, int],
+                                                              position: str) -> None:
+    stream_id, last = finished
+    held = last if position == "end" else last // 2
+    done = fanout("tail", stream_id, "--last-event-id", str(held), "--result", env=client_env(stack))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden_result(*CASE)
+
+
+def test_tail_at_the_end_of_a_failed_stream_exits_3_and_says_why(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "error_after_partial_text", "--request", "{}",
+                  "--follow", env=client_env(stack))
+    assert done.returncode == 3, done.stderr
+    stream_id, last = json.loads(done.stdout.splitlines()[0])["stream_id"], json.loads(done.stdout.splitlines()[-1])
+    again = fanout("tail", stream_id, "--last-event-id", str(last["seq"]), env=client_env(stack))
+    assert again.stdout == ""
+    one_line(again, 3, stream_id, "failed")
+
+
+# --- the publisher's address -------------------------------------------------------------------
+
+
+def test_url_without_scheme_is_refused_with_the_fix() -> None:
+    done = fanout("tail", "st_x", env={"FANOUT_URL": "127.0.0.1:46951"})
+    one_line(done, 2, "FANOUT_URL", "http://127.0.0.1:46951")
+
+
+def test_connection_refused_names_fanout_url_and_exits_4() -> None:
+    port = free_port()
+    tail = fanout("tail", "st_x", env={"FANOUT_URL": f"http://127.0.0.1:{port}"}, timeout=30)
+    one_line(tail, 4, f"127.0.0.1:{port}", "connection refused", "FANOUT_URL")
+    submit = fanout("submit", "--url", f"http://127.0.0.1:{port}", "--provider", "anthropic", "--model", "m",
+                    "--request", "{}", timeout=30)
+    one_line(submit, 4, "connection refused", "--url")
+
+
+def test_url_ending_in_v1_is_told_to_drop_it(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", "{}",
+                  env=client_env(stack, FANOUT_URL=f"{stack.base_url}/v1"))
+    one_line(done, 1, "without /v1", f"({stack.base_url})", "FANOUT_URL")
+
+
+def test_url_of_another_server_is_not_taken_for_an_unknown_stream(stack: LocalStack) -> None:
+    done = fanout("tail", "st_x", env=client_env(stack, FANOUT_URL=stack.upstream_url))
+    one_line(done, 1, "not a route of a fanout publisher", "root URL", "FANOUT_URL")
+
+
+def test_unknown_stream_says_to_check_the_id(stack: LocalStack) -> None:
+    one_line(fanout("tail", "st_never", env=client_env(stack)), 1, "no stream st_never", "check the id")
+
+
+# --- credentials -------------------------------------------------------------------------------
+
+
+def test_wrong_api_key_is_refused_not_missing(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", "{}",
+                  env=client_env(stack, FANOUT_API_KEY="wrong"))
+    line = one_line(done, 1, "refused the API key", "FANOUT_API_KEY", "--api-key")
+    assert "required" not in line
+
+
+def test_missing_api_key_says_which_variable(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", "{}",
+                  env={"FANOUT_URL": stack.base_url})
+    one_line(done, 1, "no credential", "FANOUT_API_KEY")
+
+
+@pytest.mark.parametrize("token", ["bogus", "v1.bogus.mac"])
+def test_bad_read_token_is_invalid_not_an_unknown_api_key(stack: LocalStack, finished: tuple[str, int],
+                                                          token: str) -> None:
+    stream_id, _ = finished
+    done = fanout("tail", stream_id, "--token", token, env=client_env(stack))
+    line = one_line(done, 1, "read token is invalid", f"POST /v1/streams/{stream_id}/tokens", "--token")
+    assert "unknown API key" not in line
+
+
+def test_publisher_problem_for_a_bad_token_says_how_to_get_one(stack: LocalStack, finished: tuple[str, int]) -> None:
+    stream_id, _ = finished
+    request = urllib.request.Request(f"{stack.base_url}/v1/streams/{stream_id}/events",
+                                     headers={"Authorization": "Bearer v1.bogus.mac"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    problem = json.loads(info.value.read())
+    assert info.value.code == 401
+    assert f"POST /v1/streams/{stream_id}/tokens" in problem["detail"]
+
+
+# --- submit's inputs ---------------------------------------------------------------------------
+
+
+def test_request_path_that_does_not_exist_says_it_takes_a_file_or_stdin() -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", "nope.json")
+    one_line(done, 2, "--request nope.json", "no such file", "- for stdin")
+
+
+def test_request_accepts_the_json_object_inline(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", CASE[1],
+                  "--request", '{"messages": [{"role": "user", "content": "hi"}]}', env=client_env(stack))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stream_id"].startswith("st_")
+
+
+def test_request_inline_that_is_not_json_names_the_option() -> None:
+    one_line(fanout("submit", "--provider", "anthropic", "--model", "m", "--request", '{"a": 1'),
+             2, "--request is not JSON", "JSON object")
+
+
+@pytest.mark.parametrize("value", ["x", "[1]"])
+def test_metadata_that_is_not_a_json_object_names_the_option(value: str) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", "{}", "--metadata", value)
+    one_line(done, 2, "--metadata", "JSON object")
+
+
+def test_negative_last_event_id_is_a_usage_error() -> None:
+    one_line(fanout("tail", "st_x", "--last-event-id", "-1"), 2, "--last-event-id", ">= 0")
+
+
+def test_unknown_model_in_the_demo_stack_points_at_the_case_list(stack: LocalStack) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "claude-sonnet-4-5", "--request", "{}",
+                  "--follow", env=client_env(stack))
+    one_line(done, 3, "not_found", "transcripts/anthropic/INDEX.md", "slow-")
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+def test_replay_of_a_missing_file_says_so() -> None:
+    one_line(fanout("replay", "transcripts/anthropic/nope.sse"), 2, "no such file", "- for stdin")
+
+
+def test_replay_of_a_directory_says_to_give_a_file() -> None:
+    one_line(fanout("replay", "transcripts/anthropic"), 2, "is a directory")
+
+
+@pytest.mark.parametrize("directory", ["gemini_sse", "gemini_json_array"])
+def test_replay_provider_gemini_detects_the_framing(directory: str) -> None:
+    for path in sorted((ROOT / "transcripts" / directory).glob("*.sse")):
+        by_dir = fanout("replay", str(path))
+        by_name = fanout("replay", "--provider", "gemini", str(path))
+        assert by_name.stdout == by_dir.stdout, path
+        assert by_name.returncode == by_dir.returncode, path
+
+
+def test_replay_provider_gemini_from_stdin_detects_a_json_array() -> None:
+    path = ROOT / "transcripts" / "gemini_json_array" / "simple_text.sse"
+    if not path.exists():
+        path = sorted((ROOT / "transcripts" / "gemini_json_array").glob("*.sse"))[0]
+    piped = fanout("replay", "--provider", "gemini", "-", stdin=path.read_text(encoding="utf-8"))
+    assert piped.stdout == fanout("replay", str(path)).stdout
+
+
+def test_replay_chunk_size_and_its_hidden_alias_chunk() -> None:
+    path = "transcripts/anthropic/simple_text.sse"
+    whole = fanout("replay", path)
+    assert whole.returncode == 0, whole.stderr
+    assert fanout("replay", "--chunk-size", "3", path).stdout == whole.stdout
+    assert fanout("replay", "--chunk", "3", path).stdout == whole.stdout
+    one_line(fanout("replay", "--chunk-size", "0", path), 2, "--chunk-size", ">= 1")
+    assert "--chunk " not in fanout("replay", "--help").stdout
+
+
+# --- help --------------------------------------------------------------------------------------
+
+
+def test_top_level_help_shows_no_docstring_markup_and_the_exit_statuses() -> None:
+    done = fanout("--help")
+    assert done.returncode == 0
+    assert "``" not in done.stdout
+    assert ":class:" not in done.stdout
+    assert ":func:" not in done.stdout
+    for status in ("0", "1", "2", "3", "4"):
+        assert f"    {status}  " in done.stdout
+
+
+def test_every_subcommand_help_reads_without_markup_and_lists_exit_statuses() -> None:
+    for command in ("replay", "worker", "publisher", "upstream", "submit", "tail", "demo", "health"):
+        done = fanout(command, "--help")
+        assert done.returncode == 0, (command, done.stderr)
+        assert "``" not in done.stdout, command
+        assert "exit status:" in done.stdout, command
+
+
+def test_client_options_name_their_variables_and_defaults() -> None:
+    tail = " ".join(fanout("tail", "--help").stdout.split())
+    for words in ("(env FANOUT_URL; default http://127.0.0.1:8080)", "(env FANOUT_API_KEY", "(env FANOUT_TOKEN"):
+        assert words in tail
+    submit = " ".join(fanout("submit", "--help").stdout.split())
+    assert "provider API the worker calls" in submit
+    assert "INDEX.md" in submit  # --model's help
+
+
+def test_help_never_shows_the_api_key_from_the_environment() -> None:
+    done = fanout("tail", "--help", env={"FANOUT_API_KEY": "secret-key-123", "FANOUT_TOKEN": "v1.secret"})
+    assert "secret" not in done.stdout
+
+
+def test_demo_options_show_their_defaults() -> None:
+    demo = " ".join(fanout("demo", "--help").stdout.split())
+    assert "(default: 40)" in demo
+    assert "(default: 96)" in demo
+    assert "(default: 120.0)" in demo
+
+
+# --- worker and publisher startup --------------------------------------------------------------
+
+
+def test_worker_with_redis_unreachable_prints_one_line_and_exits_4() -> None:
+    url = f"redis://:pw@127.0.0.1:{free_port()}/0"
+    done = fanout("worker", env={"REDIS_URL": url}, timeout=60)
+    line = one_line(done, 4, "cannot reach Redis", "REDIS_URL", "start Redis")
+    assert "pw" not in done.stderr
+    assert ":***@" in line
+    assert len(done.stderr.strip().splitlines()) <= 3  # two log lines at start, then the one line
+
+
+def test_worker_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
+    one_line(fanout("worker", "--redis-url", "localhost:6379"), 2, "--redis-url", "redis://host:6379/0")
+
+
+def test_worker_without_provider_credentials_warns(redis_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(REDIS_URL=redis_url, FANOUT_REDIS_PREFIX=f"clitest-{uuid.uuid4().hex[:8]}")
+    proc = subprocess.Popen([sys.executable, "-m", "fanout_cli", "worker"], env=env, cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "event=worker_start" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    warning = [line for line in lines if "level=WARNING" in line]
+    assert warning, lines
+    assert "OPENAI_API_KEY" in warning[0]
+    assert "no provider key" in warning[0]
+
+
+def _wait_status(url: str, status: int, timeout_s: float = 20.0) -> None:
+    deadline, got = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                got = resp.status
+        except urllib.error.HTTPError as exc:
+            got = exc.code
+        except OSError:
+            got = None
+        if got == status:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{url} answered {got}, not {status}")
+
+
+def _line_within(proc: subprocess.Popen[str], words: str, timeout_s: float) -> str:
+    """Return the first stderr line of ``proc`` holding ``words``; fail after ``timeout_s``."""
+    found: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if words in line:
+                found.put(line)
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no stderr line with {words!r} within {timeout_s} s") from None
+
+
+@pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason=f"{REDIS_SERVER} is not installed")
+def test_publisher_with_redis_unreachable_warns_is_not_ready_then_ready_when_redis_starts() -> None:
+    redis_port, port = free_port(), free_port()
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "FANOUT_DEV": "1", "FANOUT_API_KEYS": "k"}
+    publisher = subprocess.Popen([sys.executable, "-m", "fanout_cli", "publisher", "--port", str(port)], env=env,
+                                 cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    workdir = tempfile.mkdtemp(prefix="fanout-cli-redis-")
+    redis = None
+    try:
+        warning = _line_within(publisher, "does not answer", timeout_s=30)
+        assert "WARNING" in warning
+        assert "REDIS_URL" in warning
+        assert f"127.0.0.1:{redis_port}" in warning
+        _wait_status(f"http://127.0.0.1:{port}/readyz", 503)
+        redis = subprocess.Popen([REDIS_SERVER, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
+        wait_for_port(redis_port)
+        _wait_status(f"http://127.0.0.1:{port}/readyz", 200)
+    finally:
+        publisher.terminate()
+        publisher.wait(timeout=30)
+        if publisher.stderr is not None:
+            publisher.stderr.close()
+        if redis is not None:
+            redis.terminate()
+            redis.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", ["publisher", "upstream"])
+def test_port_in_use_says_choose_another_port(stack: LocalStack, command: str) -> None:
+    done = fanout(command, "--port", str(stack.publisher_port), env={"FANOUT_DEV": "1", "FANOUT_API_KEYS": "k"})
+    one_line(done, 2, f"127.0.0.1:{stack.publisher_port}", "already in use", "--port")
+
+
+def test_publisher_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
+    done = fanout("publisher", "--port", "0", env={"REDIS_URL": "localhost:6379", "FANOUT_DEV": "1"})
+    one_line(done, 2, "REDIS_URL", "redis://host:6379/0")
+
+
+def test_health_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
+    one_line(fanout("health", env={"REDIS_URL": "localhost"}), 2, "REDIS_URL", "not a Redis URL")
