@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from schema.keys import Keys
+from worker.error_policy import redis_error_fields
 
 log = logging.getLogger("fanout.worker.cancel")
 
@@ -49,7 +50,7 @@ class CancelListener:
                     self._dispatch(message)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 self.ready.clear()
-                log.warning("event=cancel_subscription_lost error=%s", type(exc).__name__)
+                log.warning("event=cancel_subscription_lost %s", redis_error_fields(exc))
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -32,11 +32,13 @@ import redis.exceptions
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
+from worker.error_policy import redis_error_fields
 from worker.intake import Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.settings import WorkerSettings
+from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 
@@ -79,8 +81,10 @@ class Worker:
     ) -> Worker:
         """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
         name = consumer or consumer_name()
+        retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
+                            max_delay_s=settings.append_retry_max_delay_s)
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
-                            done_maxlen=settings.done_maxlen)
+                            done_maxlen=settings.done_maxlen, retry=retry)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry or Telemetry(),
@@ -122,7 +126,7 @@ class Worker:
             try:
                 entries = await self._next_entries()
             except redis.exceptions.RedisError as exc:
-                log.error("event=intake_failed error=%s", type(exc).__name__)
+                log.error("event=intake_failed %s", redis_error_fields(exc))
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
             for entry in entries:
@@ -170,7 +174,7 @@ class Worker:
         try:
             outcome = await run.run()
         except redis.exceptions.RedisError as exc:
-            log.error("event=job_redis_error stream_id=%s error=%s", run.job.stream_id, type(exc).__name__)
+            log.error("event=job_redis_error stream_id=%s %s", run.job.stream_id, redis_error_fields(exc))
         except Exception:
             log.exception("event=job_failed stream_id=%s", run.job.stream_id)
         finally:

@@ -53,6 +53,18 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: _Positive = 30.0
     """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle
     longer is reclaimed by ``XAUTOCLAIM``."""
+    append_retry_s: _NonNegative = 30.0
+    """How long a write to Redis (append, terminal, ack) that failed on a connection error,
+    timeout, ``LOADING``/``TRYAGAIN``/``CLUSTERDOWN``/``MASTERDOWN``/``READONLY``, ``OOM`` or
+    ``MISCONF`` is tried again, seconds; capped by ``lease_s`` (:attr:`append_retry_window_s`).
+    ``OOM``/``MISCONF`` lasting longer end the stream ``failed``/``internal``."""
+    append_retry_base_s: _Positive = 0.05
+    """First backoff window of those retries; doubles per try (full jitter)."""
+    append_retry_max_delay_s: _Positive = 1.0
+    """Longest single wait between two tries of a failed write."""
+    max_claims: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
+    """A stream claimed more often than this (meta ``token``: every claim or reclaim counts)
+    is ended ``failed``/``internal`` instead of being run again."""
     drain_s: _NonNegative = 25.0
     """After SIGTERM, how long running streams may go on before they are stopped unwritten."""
     stream_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 86_400
@@ -80,6 +92,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``OTEL_TRACES_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
     otel_metrics_exporter: str = "none"
     """``OTEL_METRICS_EXPORTER``: ``none`` (default), ``console`` or ``otlp``."""
+
+    @property
+    def append_retry_window_s(self) -> float:
+        """The retry window of a failed write: ``append_retry_s``, at most ``lease_s``."""
+        return min(self.append_retry_s, self.lease_s)
 
     @property
     def lease_renew_s(self) -> float:
