@@ -10,12 +10,11 @@ Follows the Redis pages of SET, PUBLISH and PING, and RFC 9457 for errors.
 
 from __future__ import annotations
 
-import asyncio
+import logging
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
@@ -24,9 +23,12 @@ from publisher.state import KEYS, REDIS, SETTINGS, STORE
 from publisher.tokens import Scope
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
+from worker.storage import probe_write
+
+log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S: Final = 2.0
-"""Longest wait for Redis to answer PING in ``/readyz``, seconds."""
+"""Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
 
 
 def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
@@ -117,10 +119,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: Redis answers PING within :data:`READY_TIMEOUT_S`; else 503 ``redis-unavailable``."""
-    try:
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            await request.app[REDIS].ping()
-    except (RedisError, TimeoutError, OSError) as exc:
-        raise ProblemError("redis-unavailable", "Redis does not answer PING") from exc
+    """Readiness: Redis takes a write within :data:`READY_TIMEOUT_S`; else 503 ``redis-unavailable``.
+
+    The write is :func:`worker.storage.probe_write` (``SET P:probe 1 PX``); the problem's
+    detail names why it failed (OOM, READONLY, MISCONF, unreachable), so an orchestrator
+    stops routing to a publisher that could not take a submission.
+    """
+    problem = await probe_write(request.app[REDIS], request.app[KEYS].probe, timeout_s=READY_TIMEOUT_S)
+    if problem is not None:
+        log.warning("event=not_ready reason=\"%s\"", problem)
+        raise ProblemError("redis-unavailable", problem)
     return web.json_response({"status": "ok"})

@@ -1,6 +1,8 @@
 """``fanout health``: the container health check (Docker ``HEALTHCHECK``, Kubernetes exec probes).
 
-Exit 0 when Redis (``REDIS_URL``) answers PING within the timeout and, when
+Exit 0 when Redis (``REDIS_URL``) answers PING and takes a write within the timeout
+(``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``, :func:`worker.storage.probe_write`: fails while
+Redis refuses writes, e.g. ``OOM``, ``READONLY``, ``MISCONF``) and, when
 ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
 printing why.
 """
@@ -15,6 +17,10 @@ import sys
 import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from schema.keys import Keys
+from worker.error_policy import safe_message
+from worker.storage import probe_write
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -38,8 +44,12 @@ async def _check(url: str | None, timeout_s: float) -> list[str]:
         client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
             await client.ping()
+            written = await probe_write(client, Keys(os.environ.get("FANOUT_REDIS_PREFIX", "fanout")).probe,
+                                        timeout_s=timeout_s)
+            if written is not None:
+                problems.append(f"redis: {written}")
         except (RedisError, OSError) as exc:
-            problems.append(f"redis: {type(exc).__name__}")
+            problems.append(f"redis: {type(exc).__name__}: {safe_message(str(exc))}")
         finally:
             await client.aclose()
     if url:

@@ -30,6 +30,7 @@ redis-py maps most codes to classes, ``MISCONF`` and ``WRONGTYPE`` stay ``Respon
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -37,10 +38,11 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Literal, TypeVar
 
 import msgspec
+import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from schema.errors import StorageRefusedError
-from worker.error_policy import redis_error_fields
+from worker.error_policy import redis_error_fields, safe_message
 
 log = logging.getLogger("fanout.worker.storage")
 
@@ -50,6 +52,8 @@ FaultKind = Literal["transient", "pressure", "permanent"]
 _TRANSIENT_CODES: Final = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
 _PRESSURE_CODES: Final = ("OOM", "MISCONF")
 _AUTH: Final = (rex.AuthenticationError, rex.AuthorizationError)
+PROBE_TTL_MS: Final = 10_000
+"""Lifetime of the readiness probe key, ms."""
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,3 +150,29 @@ async def with_retry(
             log.warning("event=storage_retry what=%s stream_id=%s try=%d delay_s=%.3f %s", what, stream_id,
                         tries, delay, redis_error_fields(exc))
             await sleep(delay)
+
+
+async def probe_write(client: aioredis.Redis, key: str, *, timeout_s: float) -> str | None:
+    """Prove Redis takes writes: ``SET <key> 1 PX`` :data:`PROBE_TTL_MS` within ``timeout_s``.
+
+    Used by the publisher's ``/readyz`` and ``fanout health``. A PING passes on a server
+    that refuses every write (``OOM`` under ``maxmemory`` with ``noeviction``, ``READONLY``
+    on a replica, ``MISCONF`` after a failed save); this does not.
+
+    Args:
+        client: Any asyncio client (single node or cluster: the key has one slot).
+        key: The deployment's probe key (:attr:`schema.keys.Keys.probe`).
+        timeout_s: Longest wait for the answer, seconds.
+
+    Returns:
+        ``None`` when the write was taken, else why not: the server's message (masked,
+        cut), or that it did not answer in time.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.set(key, b"1", px=PROBE_TTL_MS)
+    except TimeoutError:
+        return f"Redis did not take a write within {timeout_s:g} s"
+    except (rex.RedisError, OSError) as exc:
+        return f"Redis refuses writes ({type(exc).__name__}: {safe_message(str(exc))})"
+    return None
