@@ -1,9 +1,12 @@
 """The publisher's application factory: settings in, a ready ``web.Application`` out.
 
 :func:`create_app` is what the CLI, the functional tests, later end-to-end tests and the
-demo all start. The Redis client (a blocking pool of
-``FANOUT_REDIS_MAX_CONNECTIONS``: a burst of readers waits for a connection instead of
-failing) and the hub live in ``cleanup_ctx``; state is reached
+demo all start. The Redis client (:func:`worker.redis_client.connect`: on a single node a
+blocking pool of ``FANOUT_REDIS_MAX_CONNECTIONS``, so a burst of readers waits for a
+connection instead of failing; with ``FANOUT_REDIS_CLUSTER=1`` a cluster client, that
+many connections per node), the hub (its pub/sub on a plain connection to one node) and
+the jobs streams' groups (created at start, the shard count recorded in
+``P:jobshards``) live in ``cleanup_ctx``; state is reached
 through the typed keys of :mod:`publisher.state`. Run the app with
 :data:`RUNNER_KWARGS` (masked access log, handler cancellation on client disconnect).
 On shutdown, open SSE responses are closed spread over ``FANOUT_SHUTDOWN_WINDOW_S`` so
@@ -16,7 +19,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from opentelemetry import metrics, trace
 
@@ -26,15 +28,17 @@ from publisher.limits import ConnectionGate
 from publisher.middleware import add_cors_headers, cors_middleware, problem_middleware, telemetry_middleware
 from publisher.routes import setup_routes
 from publisher.settings import PublisherSettings, resolve_secrets
-from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, STORE, TELEMETRY
+from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
 from publisher.store import Store
+from publisher.submit import JobShards, announce_shards
 from publisher.telemetry import Telemetry
 from schema.keys import Keys
+from worker.redis_client import RedisClient, RedisOptions, connect, node_client
 
 RUNNER_KWARGS: Final[dict[str, Any]] = {"access_log_class": MaskedAccessLogger, "handler_cancellation": True}
 """Keyword arguments for ``web.AppRunner`` / ``TestServer`` / ``web.run_app`` of this app."""
 
-RedisWrapper = Callable[[aioredis.Redis], Any]
+RedisWrapper = Callable[[RedisClient], Any]
 """Takes the command client, returns an object with the same methods (tests hook reads)."""
 
 
@@ -67,6 +71,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[KEYS] = keys or Keys(settings.redis_prefix)
+    app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
     app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)
     app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))
@@ -81,20 +86,21 @@ def _redis_context(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def redis_context(app: web.Application) -> AsyncIterator[None]:
         keys, settings = app[KEYS], app[SETTINGS]
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=settings.redis_max_connections,
-            timeout=settings.redis_pool_timeout_s,
+        client = connect(url, RedisOptions(
+            cluster=settings.redis_cluster, max_connections=settings.redis_max_connections,
+            pool_timeout_s=settings.redis_pool_timeout_s,
             client_name=f"fanout-publisher:{keys.prefix}",  # shows in CLIENT LIST
-        )
-        client = aioredis.Redis.from_pool(pool)
+        ))
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page)
-        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s)
+        await announce_shards(client, app[SHARDS])
+        live = await node_client(client)  # classic pub/sub: one node reaches the whole cluster
+        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s)
         await hub.start()
         yield
         await hub.close()
+        await live.aclose()
         await client.aclose()
 
     return redis_context

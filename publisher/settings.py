@@ -15,6 +15,7 @@ from typing import Annotated
 
 import msgspec
 
+from schema.keys import MAX_JOB_SHARDS
 from schema.settings import SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long a command waits for a free pooled connection before failing (503), seconds."""
     redis_prefix: str = "fanout"
     """Key prefix of the deployment (schema.keys)."""
+    redis_cluster: bool = False
+    """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
+    job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
+    """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id."""
     read_page: Positive = 256
     """Entries per ``XRANGE`` page when replaying or tailing a stream."""
     subscribe_timeout_s: PositiveFloat = 5.0

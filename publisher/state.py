@@ -15,23 +15,25 @@ from publisher.settings import PublisherSettings
 from schema.keys import Keys
 
 if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
     from publisher.hub import Hub
     from publisher.limits import ConnectionGate
     from publisher.store import Store
+    from publisher.submit import JobShards
     from publisher.telemetry import Telemetry
+    from worker.redis_client import RedisClient
 
 SETTINGS = web.AppKey("settings", PublisherSettings)
 """The resolved settings (secret included)."""
 KEYS = web.AppKey("keys", Keys)
 """The Redis key layout of this deployment (a unique prefix per test)."""
-REDIS: web.AppKey[aioredis.Redis] = web.AppKey("redis")
+REDIS: web.AppKey[RedisClient] = web.AppKey("redis")
 """The command client (a connection pool), opened in ``cleanup_ctx``."""
 STORE: web.AppKey[Store] = web.AppKey("store")
 """Stream reads over the (possibly test-wrapped) command client."""
 HUB: web.AppKey[Hub] = web.AppKey("hub")
 """The fan-out hub, opened in ``cleanup_ctx``."""
+SHARDS: web.AppKey[JobShards] = web.AppKey("shards")
+"""The jobs shard of a submission and the record of the shard count."""
 GATE: web.AppKey[ConnectionGate] = web.AppKey("gate")
 """Counter of open SSE responses against ``max_connections``."""
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry")

@@ -3,18 +3,20 @@
 The result is the reducer's (schema.reducer) over the stored events the reader may see:
 a ``public`` reader's result has no internal reasoning block. Cancel follows the
 protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
-on the cancels channel; the owning worker ends the stream ``cancelled``.
+on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
 
-Follows the Redis pages of SET, PUBLISH and PING, and RFC 9457 for errors.
+Follows the Redis pages of SET, PUBLISH, PING, CLUSTER INFO and XINFO GROUPS, and RFC 9457 for errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
@@ -23,6 +25,9 @@ from publisher.state import KEYS, REDIS, SETTINGS, STORE
 from publisher.tokens import Scope
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
+from worker.error_policy import safe_message
+from worker.intake import missing_groups, streams_in_use
+from worker.redis_client import cluster_problems
 from worker.storage import probe_write
 
 log = logging.getLogger(__name__)
@@ -105,11 +110,10 @@ async def cancel(request: web.Request) -> web.Response:
     if info.terminal or not info.known:
         status = info.meta.get("status") or info.tomb.get("status")
         raise ProblemError("already-terminal", "the stream already ended", extensions={"stream_status": status})
-    keys = request.app[KEYS]
-    async with request.app[REDIS].pipeline(transaction=False) as pipe:
-        pipe.set(keys.cancel(stream_id), "1", ex=request.app[SETTINGS].cancel_ttl_s)
-        pipe.publish(keys.cancels, stream_id)
-        await pipe.execute()
+    keys, redis = request.app[KEYS], request.app[REDIS]
+    # Two plain commands: the cluster pipeline refuses PUBLISH, and the two keys live in two slots.
+    await redis.set(keys.cancel(stream_id), "1", ex=request.app[SETTINGS].cancel_ttl_s)
+    await redis.publish(keys.cancels, stream_id)
     return web.json_response({"stream_id": stream_id, "state": "cancelling"}, status=202)
 
 
@@ -119,14 +123,29 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: Redis takes a write within :data:`READY_TIMEOUT_S`; else 503 ``redis-unavailable``.
+    """Readiness: Redis answers, the cluster is ok, every jobs stream in use has its group.
 
-    The write is :func:`worker.storage.probe_write` (``SET P:probe 1 PX``); the problem's
-    detail names why it failed (OOM, READONLY, MISCONF, unreachable), so an orchestrator
-    stops routing to a publisher that could not take a submission.
+    Within :data:`READY_TIMEOUT_S`: PING, a probe write (:func:`worker.storage.probe_write`,
+    ``SET P:probe 1 PX``: fails while Redis refuses writes, e.g. OOM, READONLY, MISCONF),
+    ``cluster_state:ok`` on every primary (cluster mode), and ``XINFO GROUPS`` of every
+    jobs stream in use shows ``workers``.
+
+    Raises:
+        ProblemError: 503 ``redis-unavailable`` naming what failed.
     """
-    problem = await probe_write(request.app[REDIS], request.app[KEYS].probe, timeout_s=READY_TIMEOUT_S)
-    if problem is not None:
-        log.warning("event=not_ready reason=\"%s\"", problem)
-        raise ProblemError("redis-unavailable", problem)
+    redis, keys = request.app[REDIS], request.app[KEYS]
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            await redis.ping()
+            written = await probe_write(redis, keys.probe, timeout_s=READY_TIMEOUT_S)
+            problems = [written] if written else []
+            problems += await cluster_problems(redis)
+            missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
+    except (RedisError, TimeoutError, OSError) as exc:
+        detail = f"Redis does not answer: {type(exc).__name__}: {safe_message(str(exc))}"
+        raise ProblemError("redis-unavailable", detail) from exc
+    if missing:
+        problems.append(f"jobs streams without the 'workers' group (Redis lost its data?): {', '.join(missing)}")
+    if problems:
+        raise ProblemError("redis-unavailable", "; ".join(problems))
     return web.json_response({"status": "ok"})

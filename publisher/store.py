@@ -22,7 +22,7 @@ from schema.contract import TERMINAL_TYPES
 from schema.keys import EVENT_FIELD, Keys, seq_of
 
 if TYPE_CHECKING:
-    import redis.asyncio as aioredis
+    from worker.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Store:
         page: Entries per XRANGE call.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, page: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, page: int) -> None:
         self.redis = redis
         self.keys = keys
         self.page = page

@@ -2,7 +2,8 @@
 
 Submission follows the protocol of :mod:`schema.keys`: create the stream's meta
 (``state=queued``, ``provider``, ``model``, ``created_ms``, ``body_hash``,
-``last_seq=0``), then XADD the Job JSON under field ``j`` to the jobs stream. The meta
+``last_seq=0``), then XADD the Job JSON under field ``j`` to the stream id's jobs shard
+(:class:`JobShards`; ``FANOUT_JOB_SHARDS``), and store its ref as meta ``job_id``. The meta
 is created by one script that first looks for the stream (meta, tombstone or events),
 so a client-chosen ``stream_id`` is an idempotency key: the same body gets the same
 answer, another body a 409, and a stream id never names two jobs.
@@ -24,11 +25,13 @@ from publisher.auth import require_api_key
 from publisher.limits import path_stream_id, read_body
 from publisher.problems import FieldError, ProblemError
 from publisher.settings import PublisherSettings
-from publisher.state import KEYS, REDIS, SETTINGS
+from publisher.state import KEYS, REDIS, SETTINGS, SHARDS
 from publisher.tokens import Scope, issue
 from publisher.validation import Submission, decode_body, parse_submission
 from schema.job import Job, job_encoder, new_stream_id
-from schema.keys import JOB_FIELD
+from schema.keys import JOB_FIELD, Keys, shard_of
+from worker.intake import ensure_group
+from worker.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,54 @@ ORPHAN_AFTER_MS: Final = 30_000
 (an XADD never takes this long); resubmitting the same body enqueues its job."""
 
 
+SHARD_ANNOUNCE_S: Final = 30.0
+"""How often a submitting publisher records its shard count again (``SADD P:jobshards``), seconds:
+workers serve every recorded count, and this restores it after Redis lost its data."""
+
+
+class JobShards:
+    """Which jobs stream a submission goes to, and the record of the shard count in ``P:jobshards``.
+
+    Args:
+        keys: Key layout.
+        shards: ``FANOUT_JOB_SHARDS``.
+    """
+
+    def __init__(self, keys: Keys, shards: int) -> None:
+        self.keys, self.shards = keys, shards
+        self._announced_at: float | None = None
+
+    def stream_for(self, stream_id: str) -> str:
+        """Jobs stream of ``stream_id``: shard :func:`schema.keys.shard_of` (stable across publishers)."""
+        return self.keys.jobs_shard(shard_of(stream_id, self.shards))
+
+    async def announce(self, redis: RedisClient, *, create_groups: bool = False) -> bool:
+        """``SADD P:jobshards <shards>`` at most every :data:`SHARD_ANNOUNCE_S` (always with ``create_groups``).
+
+        With ``create_groups`` also creates every shard and its ``workers`` group (at start, so
+        readiness passes before the first worker ran). Returns False, after logging, when
+        Redis failed: the next submission tries again.
+        """
+        now = time.monotonic()
+        if not create_groups and self._announced_at is not None and now - self._announced_at < SHARD_ANNOUNCE_S:
+            return True
+        try:
+            await redis.sadd(self.keys.job_shards, str(self.shards))
+            if create_groups:
+                for stream in self.keys.jobs_streams(self.shards):
+                    await ensure_group(redis, stream)
+        except RedisError as exc:
+            log.warning("could not record the job shard count in Redis: %s: %s", type(exc).__name__, exc)
+            return False
+        self._announced_at = now
+        return True
+
+
+async def announce_shards(redis: RedisClient, shards: JobShards) -> None:
+    """At publisher start: record the shard count and create the shards' groups (:meth:`JobShards.announce`)."""
+    await shards.announce(redis, create_groups=True)
+
+
 def _urls(stream_id: str) -> dict[str, str]:
     base = f"/v1/streams/{stream_id}"
     return {"events_url": f"{base}/events", "status_url": base, "cancel_url": f"{base}/cancel"}
@@ -81,15 +132,18 @@ async def _create_meta(request: web.Request, stream_id: str, sub: Submission, no
 
 async def _enqueue(request: web.Request, stream_id: str, sub: Submission, now_ms: int) -> None:
     """XADD the job; on failure remove the fresh meta so a retry can submit again."""
-    keys, redis = request.app[KEYS], request.app[REDIS]
+    keys, redis, shards = request.app[KEYS], request.app[REDIS], request.app[SHARDS]
     job = Job(stream_id=stream_id, provider=sub.provider, model=sub.model, request=sub.request,
               metadata=sub.metadata, created_ms=now_ms, reasoning_visibility=sub.reasoning_visibility)
+    await shards.announce(redis)
+    stream = shards.stream_for(stream_id)
     try:
-        job_id = await redis.xadd(keys.jobs, {JOB_FIELD: job_encoder.encode(job)})
+        entry_id = await redis.xadd(stream, {JOB_FIELD: job_encoder.encode(job)})
     except RedisError:
         await redis.delete(keys.meta(stream_id))
         raise
-    await redis.hset(keys.meta(stream_id), "job_id", job_id)
+    text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    await redis.hset(keys.meta(stream_id), "job_id", keys.job_ref(stream, text_id))
 
 
 async def submit(request: web.Request) -> web.Response:

@@ -72,6 +72,7 @@ Pure: no redis import.
 
 from __future__ import annotations
 
+import zlib
 from typing import Final
 
 EVENT_FIELD: Final = b"e"
@@ -79,7 +80,9 @@ EVENT_FIELD: Final = b"e"
 JOB_FIELD: Final = b"j"
 """Field of a jobs-stream entry that holds the Job JSON."""
 JOBS_GROUP: Final = "workers"
-"""Consumer group the workers share on the jobs stream."""
+"""Consumer group the workers share on every jobs stream."""
+MAX_JOB_SHARDS: Final = 1024
+"""Largest ``FANOUT_JOB_SHARDS``."""
 
 META_FIELDS: Final = {
     "state": "queued | running | done",
@@ -112,13 +115,32 @@ class Keys:
     def __init__(self, prefix: str = "fanout") -> None:
         self.prefix = prefix
         self.jobs = f"{prefix}:jobs"
-        """The jobs stream."""
+        """The legacy (unsharded) jobs stream of earlier releases: still served, no longer written."""
+        self.job_shards = f"{prefix}:jobshards"
+        """Set of every ``FANOUT_JOB_SHARDS`` value a publisher used (decimal members)."""
         self.done = f"{prefix}:done"
         """The capped stream of finished-stream summaries."""
         self.cancels = f"{prefix}:cancels"
         """Channel announcing cancel requests (payload: stream id)."""
         self.probe = f"{prefix}:probe"
         """Key the readiness checks write (``SET ... PX``) to prove Redis takes writes."""
+
+    def jobs_shard(self, shard: int) -> str:
+        """Key of jobs stream ``shard`` (``P:jobs:{<n>}``: the hash tag spreads shards over slots)."""
+        return f"{self.prefix}:jobs:{{{shard}}}"
+
+    def jobs_streams(self, shards: int) -> list[str]:
+        """Keys of jobs streams ``0 .. shards - 1``."""
+        return [self.jobs_shard(n) for n in range(shards)]
+
+    def job_ref(self, jobs_key: str, entry_id: str) -> str:
+        """Return the reference of one job entry: ``<jobs stream key>/<entry id>`` (meta ``job_id``)."""
+        return f"{jobs_key}/{entry_id}"
+
+    def parse_job_ref(self, ref: str) -> tuple[str, str]:
+        """Return ``(jobs stream key, entry id)`` of a :meth:`job_ref`; a bare entry id names :attr:`jobs`."""
+        key, sep, entry_id = ref.rpartition("/")
+        return (key, entry_id) if sep else (self.jobs, ref)
 
     def events(self, stream_id: str) -> str:
         """Key of the Redis stream holding the events of ``stream_id``."""
@@ -143,6 +165,11 @@ class Keys:
 
 DEFAULT_KEYS: Final = Keys()
 """Keys under the default ``fanout`` prefix."""
+
+
+def shard_of(stream_id: str, shards: int) -> int:
+    """Jobs shard of ``stream_id``: CRC-32 of its UTF-8 bytes modulo ``shards`` (stable across processes)."""
+    return zlib.crc32(stream_id.encode()) % shards
 
 
 def entry_id(seq: int) -> str:

@@ -52,7 +52,6 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
@@ -67,6 +66,7 @@ from schema.errors import (
 )
 from schema.keys import Keys
 from worker.error_policy import redis_error_fields
+from worker.redis_client import RedisClient
 from worker.salvage import Salvage
 from worker.storage import RetryPolicy, with_retry
 from worker.summary import summary_fields
@@ -131,7 +131,7 @@ class Appender:
     """
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, *, stream_ttl_s: int = 86_400,
+        self, redis: RedisClient, keys: Keys, *, stream_ttl_s: int = 86_400,
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
     ) -> None:
         self.redis, self.keys = redis, keys

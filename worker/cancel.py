@@ -3,7 +3,9 @@
 The publisher sets ``P:{id}:cancel`` = 1 and PUBLISHes the stream id on ``P:cancels``
 (:mod:`schema.keys`). This listener hands each id to a callback that stops the job if it
 runs here. A notification missed while disconnected is caught by the flag check at job
-start and at every lease renewal (:mod:`worker.lease`). Redis command pages followed:
+start and at every lease renewal (:mod:`worker.lease`). The subscription runs on a plain
+connection to one node (:func:`worker.redis_client.node_client`: classic pub/sub reaches
+every node of a cluster), picked again after each failure. Redis command pages followed:
 SUBSCRIBE, PUBLISH (non-sharded Pub/Sub, Redis 6.2 compatible).
 """
 
@@ -13,11 +15,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from schema.keys import Keys
 from worker.error_policy import redis_error_fields
+from worker.redis_client import RedisClient, node_client
 
 log = logging.getLogger("fanout.worker.cancel")
 
@@ -34,7 +36,7 @@ class CancelListener:
         on_cancel: Called in the event loop with each announced stream id; must not block.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, on_cancel: Callable[[str], None]) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, on_cancel: Callable[[str], None]) -> None:
         self.redis, self.keys, self.on_cancel = redis, keys, on_cancel
         self.ready = asyncio.Event()
         """Set once the subscription is active (tests wait for it before publishing)."""
@@ -42,7 +44,13 @@ class CancelListener:
     async def run(self) -> None:
         """Listen until cancelled, subscribing again after connection failures."""
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                node = await node_client(self.redis)
+            except redis.exceptions.RedisError as exc:
+                log.warning("event=cancel_subscription_lost error=%s message=%r", type(exc).__name__, str(exc))
+                await asyncio.sleep(RESUBSCRIBE_DELAY_S)
+                continue
+            pubsub = node.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.keys.cancels)
                 self.ready.set()
@@ -54,6 +62,7 @@ class CancelListener:
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await node.aclose()
 
     def _dispatch(self, message: dict[str, object]) -> None:
         if message.get("type") != "message":

@@ -1,10 +1,15 @@
 """``fanout health``: the container health check (Docker ``HEALTHCHECK``, Kubernetes exec probes).
 
-Exit 0 when Redis (``REDIS_URL``) answers PING and takes a write within the timeout
-(``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``, :func:`worker.storage.probe_write`: fails while
-Redis refuses writes, e.g. ``OOM``, ``READONLY``, ``MISCONF``) and, when
-``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
-printing why.
+Exit 0 when, within the timeout, Redis (``REDIS_URL``, a cluster seed with
+``FANOUT_REDIS_CLUSTER=1``) answers PING and takes a probe write (``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``,
+:func:`worker.storage.probe_write`: fails while Redis refuses writes, e.g. ``OOM``,
+``READONLY``, ``MISCONF``), every cluster primary reports
+``cluster_state:ok`` (cluster mode), every jobs stream in use (``FANOUT_JOB_SHARDS``, the
+recorded shard counts, ``FANOUT_REDIS_PREFIX``) has its ``workers`` consumer group, and,
+when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
+printing each problem with the server's message. A missing group means Redis lost its data
+(restart without persistence, failover to an empty replica): a running worker recreates
+it on its next read, so the check passes again once one did.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import os
 import sys
 
 import aiohttp
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from schema.keys import Keys
+from schema.settings import SettingsError
 from worker.error_policy import safe_message
+from worker.intake import missing_groups, streams_in_use
+from worker.redis_client import RedisOptions, cluster_problems, connect
+from worker.settings import load_worker_settings
 from worker.storage import probe_write
 
 
@@ -37,21 +45,39 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-async def _check(url: str | None, timeout_s: float) -> list[str]:
-    problems: list[str] = []
-    redis_url = os.environ.get("REDIS_URL")
-    if redis_url:
-        client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        try:
+async def redis_problems(timeout_s: float) -> list[str]:
+    """Check the Redis of the environment (module docstring); ``[]`` when healthy or ``REDIS_URL`` is unset."""
+    if not os.environ.get("REDIS_URL"):
+        return []
+    try:
+        settings = load_worker_settings(os.environ)
+    except SettingsError as exc:
+        return [f"configuration: {exc}"]
+    options = RedisOptions(cluster=settings.redis_cluster, socket_timeout_s=timeout_s, connect_timeout_s=timeout_s,
+                           retries=0)
+    try:
+        client = connect(settings.redis_url, options)
+    except (RedisError, ValueError) as exc:
+        return [f"redis: {type(exc).__name__}: {exc}"]
+    try:
+        async with asyncio.timeout(timeout_s * 3):
             await client.ping()
-            written = await probe_write(client, Keys(os.environ.get("FANOUT_REDIS_PREFIX", "fanout")).probe,
-                                        timeout_s=timeout_s)
-            if written is not None:
-                problems.append(f"redis: {written}")
-        except (RedisError, OSError) as exc:
-            problems.append(f"redis: {type(exc).__name__}: {safe_message(str(exc))}")
-        finally:
-            await client.aclose()
+            keys = Keys(settings.redis_prefix)
+            written = await probe_write(client, keys.probe, timeout_s=timeout_s)
+            problems = [f"redis: {written}"] if written else []
+            problems += [f"redis cluster: {p}" for p in await cluster_problems(client)]
+            streams = await streams_in_use(client, keys, settings.job_shards)
+            problems += [f"redis: jobs stream {s} has no consumer group 'workers' (Redis lost its data?)"
+                         for s in await missing_groups(client, streams)]
+            return problems
+    except (RedisError, OSError, TimeoutError) as exc:
+        return [f"redis: {type(exc).__name__}: {safe_message(str(exc))}"]
+    finally:
+        await client.aclose()
+
+
+async def _check(url: str | None, timeout_s: float) -> list[str]:
+    problems = await redis_problems(timeout_s)
     if url:
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)

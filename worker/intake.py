@@ -1,31 +1,48 @@
-"""Job intake from the jobs stream: the ``workers`` consumer group, new entries and reclaimed ones.
+"""Job intake from the sharded jobs streams: the ``workers`` group, new entries and reclaimed ones.
 
-Each worker process is one consumer (:func:`consumer_name`). It asks for no more entries
-than it has free slots: ``XREADGROUP ... COUNT <free> BLOCK <ms> STREAMS <jobs> >`` for new
-jobs, and ``XAUTOCLAIM <jobs> workers <me> <lease_ms> <cursor> COUNT <free>`` for jobs whose
-owner stopped renewing its lease (a dead or stopped worker). Redis command pages
-followed: XGROUP CREATE (``MKSTREAM``), XREADGROUP, XAUTOCLAIM (6.2 reply: cursor and
-entries; 7.0 adds deleted ids, ignored here).
+Each worker process is one consumer (:func:`consumer_name`) of the ``workers`` group on
+EVERY jobs stream in use (:meth:`Intake.streams`): shards ``P:jobs:{0} .. P:jobs:{n-1}``
+with ``n`` the largest of the worker's own ``FANOUT_JOB_SHARDS`` and every count a
+publisher recorded in the ``P:jobshards`` set (so jobs queued under an older or newer
+shard count keep being served), plus the legacy ``P:jobs`` of earlier releases while it
+exists. The set is re-read every :data:`SHARD_REFRESH_S`.
 
-Redis Cluster: every command here names the jobs stream alone (one key, one slot) and no
-script runs here; the stream's own keys are touched only after the claim
-(:mod:`worker.lease`), in their own slot.
+Per stream, the runner (:mod:`worker.runner`) keeps one reader that asks for no more
+entries than the process has free slots: ``XAUTOCLAIM <stream> workers <me> <lease_ms>
+<cursor> COUNT <free>`` for jobs whose owner stopped renewing its lease, else
+``XREADGROUP ... COUNT <free> BLOCK <block_ms> STREAMS <stream> >``. A reply naming a
+missing group (``NOGROUP``: Redis lost its data, or someone destroyed it) recreates it
+(``XGROUP CREATE ... 0 MKSTREAM``) and the read goes on.
+
+Redis Cluster: every command here names one jobs stream (one key, one slot): a
+multi-stream ``XREADGROUP`` would be cross-slot, hence one blocking read per stream.
+Redis command pages followed: XGROUP CREATE (``MKSTREAM``), XREADGROUP, XAUTOCLAIM (6.2
+reply: cursor and entries, a deleted entry as nil; 7.0 adds deleted ids, ignored here),
+XINFO GROUPS, SMEMBERS, EXISTS.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
-from typing import Any
+import time
+from collections.abc import Iterable
+from typing import Any, Final
 
-import redis.asyncio as aioredis
 import redis.exceptions
 
-from schema.keys import JOB_FIELD, JOBS_GROUP, Keys
+from schema.keys import JOB_FIELD, JOBS_GROUP, MAX_JOB_SHARDS, Keys
+from worker.redis_client import RedisClient
+
+log = logging.getLogger("fanout.worker.intake")
 
 JobEntry = tuple[str, bytes | None]
-"""A jobs-stream entry: (entry id, the Job JSON of field ``j``, or ``None`` if missing)."""
+"""A jobs-stream entry: (job ref ``<jobs stream>/<entry id>``, the Job JSON of field ``j``, or ``None``)."""
+
+SHARD_REFRESH_S: Final = 30.0
+"""How often the streams in use are re-read (``SMEMBERS P:jobshards``, ``EXISTS P:jobs``), seconds."""
 
 
 def consumer_name() -> str:
@@ -33,60 +50,132 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _entries(raw: Any) -> list[JobEntry]:
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
+    return str(exc).startswith("NOGROUP")
+
+
+def shard_count(own: int, recorded: Iterable[bytes | str]) -> int:
+    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped)."""
+    counts = [int(_text(v)) for v in recorded if _text(v).isdigit()]
+    return min(MAX_JOB_SHARDS, max([own, *counts]))
+
+
+async def streams_in_use(client: RedisClient, keys: Keys, own_shards: int) -> list[str]:
+    """Every jobs stream to serve: the shards (see :func:`shard_count`), then ``P:jobs`` if it exists."""
+    recorded = await client.smembers(keys.job_shards)
+    streams = keys.jobs_streams(shard_count(own_shards, recorded))
+    if await client.exists(keys.jobs):
+        streams.append(keys.jobs)
+    return streams
+
+
+async def ensure_group(client: RedisClient, stream: str) -> bool:
+    """Create ``stream`` and its ``workers`` group if missing (start id 0); True if it was created.
+
+    The group starts at id 0, so jobs enqueued before the first worker started are read.
+    """
+    try:
+        await client.xgroup_create(stream, JOBS_GROUP, id="0", mkstream=True)
+    except redis.exceptions.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+        return False
+    return True
+
+
+async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
+    """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each)."""
+    missing = []
+    for stream in streams:
+        try:
+            groups = await client.xinfo_groups(stream)
+        except redis.exceptions.ResponseError:  # no such key
+            groups = []
+        if not any(_text(group.get("name", b"")) == JOBS_GROUP for group in groups):
+            missing.append(stream)
+    return missing
+
+
+def _entries(stream: str, keys: Keys, raw: Any) -> list[JobEntry]:
     out: list[JobEntry] = []
     for item in raw or []:
         if not item or item[0] is None:
             continue  # an entry deleted while pending (Redis 6.2 XAUTOCLAIM gives it as nil)
         entry_id, fields = item[0], item[1]
-        text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        out.append((text_id, (fields or {}).get(JOB_FIELD)))
+        out.append((keys.job_ref(stream, _text(entry_id)), (fields or {}).get(JOB_FIELD)))
     return out
 
 
 class Intake:
-    """Reads jobs for one consumer of the ``workers`` group.
+    """Reads jobs for one consumer of the ``workers`` group, on every jobs stream in use.
 
     Args:
-        redis: asyncio client (``decode_responses`` off).
+        redis: asyncio client (``decode_responses`` off), either topology.
         keys: Key layout.
         consumer: This process's consumer name.
         lease_s: Entries idle this long are reclaimed from their (dead) owner.
+        shards: The worker's own ``FANOUT_JOB_SHARDS``.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, consumer: str, lease_s: float) -> None:
-        self.redis, self.keys, self.consumer = redis, keys, consumer
+    def __init__(self, redis: RedisClient, keys: Keys, *, consumer: str, lease_s: float, shards: int = 1) -> None:
+        self.redis, self.keys, self.consumer, self.shards = redis, keys, consumer, shards
         self.min_idle_ms = max(1, int(lease_s * 1000))
-        self._cursor = "0-0"
+        self._cursors: dict[str, str] = {}
+        self._refreshed_at = 0.0
+        self._streams: list[str] = []
 
-    async def ensure_group(self) -> None:
-        """Create the jobs stream and the ``workers`` group if missing.
+    async def streams(self) -> list[str]:
+        """Return the jobs streams to serve now (re-read every :data:`SHARD_REFRESH_S`); groups ensured on new ones."""
+        if not self._streams or time.monotonic() - self._refreshed_at >= SHARD_REFRESH_S:
+            streams = await streams_in_use(self.redis, self.keys, self.shards)
+            for stream in streams:
+                if stream not in self._streams:
+                    await ensure_group(self.redis, stream)
+            self._streams, self._refreshed_at = streams, time.monotonic()
+        return list(self._streams)
 
-        The group starts at id 0, so jobs enqueued before the first worker started are read.
+    async def ensure_groups(self) -> None:
+        """Create every stream in use and its group if missing (at start)."""
+        self._streams = []
+        await self.streams()
+
+    async def _recreate(self, stream: str, exc: redis.exceptions.ResponseError) -> None:
+        created = await ensure_group(self.redis, stream)
+        self._cursors.pop(stream, None)
+        log.warning("event=group_recreated stream=%s created=%s error=%r", stream, created, str(exc))
+
+    async def read_new(self, stream: str, count: int, *, block_ms: int) -> list[JobEntry]:
+        """Return up to ``count`` never-delivered jobs of ``stream``, waiting up to ``block_ms`` for one."""
+        try:
+            reply: Any = await self.redis.xreadgroup(
+                JOBS_GROUP, self.consumer, {stream: ">"}, count=count, block=block_ms,
+            )
+        except redis.exceptions.ResponseError as exc:
+            if not _is_nogroup(exc):
+                raise
+            await self._recreate(stream, exc)
+            return []
+        return [entry for item in reply or [] for entry in _entries(stream, self.keys, item[1])]
+
+    async def reclaim(self, stream: str, count: int) -> list[JobEntry]:
+        """Take over up to ``count`` jobs of ``stream`` idle for the lease (their owner stopped renewing).
+
+        Walks the pending list with a cursor per stream across calls, so one call costs at
+        most ``count`` entries.
         """
         try:
-            await self.redis.xgroup_create(self.keys.jobs, JOBS_GROUP, id="0", mkstream=True)
+            reply = await self.redis.xautoclaim(
+                stream, JOBS_GROUP, self.consumer, self.min_idle_ms, start_id=self._cursors.get(stream, "0-0"),
+                count=count,
+            )
         except redis.exceptions.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
+            if not _is_nogroup(exc):
                 raise
-
-    async def read_new(self, count: int, *, block_ms: int) -> list[JobEntry]:
-        """Return up to ``count`` never-delivered jobs, waiting up to ``block_ms`` for one."""
-        reply: Any = await self.redis.xreadgroup(
-            JOBS_GROUP, self.consumer, {self.keys.jobs: ">"}, count=count, block=block_ms,
-        )
-        return [entry for stream in reply or [] for entry in _entries(stream[1])]
-
-    async def reclaim(self, count: int) -> list[JobEntry]:
-        """Take over up to ``count`` jobs idle for the lease (their owner stopped renewing).
-
-        Walks the pending list with a cursor across calls, so one call costs at most
-        ``count`` entries.
-        """
-        reply = await self.redis.xautoclaim(
-            self.keys.jobs, JOBS_GROUP, self.consumer, self.min_idle_ms, start_id=self._cursor, count=count,
-        )
-        cursor = reply[0]
-        self._cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
-        return _entries(reply[1])
-
+            await self._recreate(stream, exc)
+            return []
+        self._cursors[stream] = _text(reply[0])
+        return _entries(stream, self.keys, reply[1])

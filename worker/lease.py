@@ -6,7 +6,10 @@ an entry idle for ``lease_s`` is taken over by another worker's ``XAUTOCLAIM``
 (:mod:`worker.intake`). Every claim increments meta ``token`` (``HINCRBY``), which fences
 the previous owner's appends out (:mod:`worker.appender`).
 
-Redis Cluster: ``P:jobs`` and a stream's ``{<id>}`` keys live in different slots, so no
+Jobs are named by their ref ``<jobs stream>/<entry id>`` (:meth:`schema.keys.Keys.job_ref`,
+stored as meta ``job_id``), since the jobs are sharded over several streams.
+
+Redis Cluster: a jobs stream and a stream's ``{<id>}`` keys live in different slots, so no
 script touches both, and each script declares every key it touches in ``KEYS``:
 
 * claim: :data:`CLAIM_LUA`, atomic, on the stream's slot (meta, tomb);
@@ -15,7 +18,9 @@ script touches both, and each script declares every key it touches in ``KEYS``:
   touching the jobs stream; else :data:`TOUCH_LUA`, atomic, on the jobs stream alone:
   the ``XPENDING`` ownership check and ``XCLAIM ... JUSTID`` (idle reset to 0);
 * release: the same ``HGET <meta> token`` check (only when the caller holds a token),
-  then :data:`TOUCH_LUA` with ``IDLE <lease_ms>``.
+  then :data:`TOUCH_LUA` with ``IDLE <lease_ms>``;
+* ack: :data:`ACK_LUA`, atomic, on the jobs stream alone: ``XACK`` and ``XDEL`` together,
+  so the request body leaves Redis with its terminal event (retention).
 
 Why the split is safe. The ownership check and the ``XCLAIM`` stay in one script: a
 worker can never take back an entry another worker reclaimed (a bare ``XCLAIM`` with
@@ -32,7 +37,7 @@ entry whose new owner renews it within ``lease_s / 3`` and whose token already f
 the releaser out.
 
 Redis command pages followed: HINCRBY, HSETNX, HGET, EXISTS, XPENDING (extended form),
-XCLAIM (``JUSTID``, ``IDLE``), XACK, EVALSHA. Protocol: :mod:`schema.keys`.
+XCLAIM (``JUSTID``, ``IDLE``), XACK, XDEL, EVALSHA. Protocol: :mod:`schema.keys`.
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ from __future__ import annotations
 from typing import Final, Literal
 
 import msgspec
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from schema.keys import JOBS_GROUP, Keys
+from worker.redis_client import RedisClient
 
 CLAIM_LUA: Final = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', '0', '0', '0'} end
@@ -68,6 +73,14 @@ return 'ok'
 """Reset a pending entry's idle time if this consumer owns it: ``ok``, or ``lost`` (another
 consumer owns it, or it was acked). KEYS = jobs (its own slot); ARGV = group, consumer,
 entry id, idle ms (0 to renew, ``lease_ms`` to release)."""
+
+ACK_LUA: Final = """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return acked
+"""
+"""Acknowledge AND delete a job entry, atomically: nothing of the request outlives its stream.
+KEYS = the job's jobs stream (its own slot); ARGV = group, entry id. Returns 1 if it was pending."""
 
 RenewOutcome = Literal["ok", "cancel", "fenced", "lost"]
 """``ok``; ``cancel`` (renewed, and the cancel flag is set); ``fenced`` (meta token moved on);
@@ -101,11 +114,12 @@ class Leases:
         lease_s: Lease length; :meth:`release` makes an entry look this idle.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, consumer: str, lease_s: float) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, consumer: str, lease_s: float) -> None:
         self.redis, self.keys, self.consumer = redis, keys, consumer
         self.lease_ms = max(1, int(lease_s * 1000))
         self._claim: AsyncScript = redis.register_script(CLAIM_LUA)
         self._touch: AsyncScript = redis.register_script(TOUCH_LUA)
+        self._ack: AsyncScript = redis.register_script(ACK_LUA)
 
     async def claim(self, *, stream_id: str, provider: str, model: str, entry_id: str, now_ms: int) -> Claim:
         """Become the stream's owner: increment meta ``token``, set ``owner``, ``state=running``.
@@ -156,12 +170,18 @@ class Leases:
         return await self._touch_entry(entry_id, idle_ms=self.lease_ms) == "ok"
 
     async def _touch_entry(self, entry_id: str, *, idle_ms: int) -> str:
-        reply = await self._touch(keys=[self.keys.jobs], args=[JOBS_GROUP, self.consumer, entry_id, idle_ms])
+        stream, bare_id = self.keys.parse_job_ref(entry_id)
+        reply = await self._touch(keys=[stream], args=[JOBS_GROUP, self.consumer, bare_id, idle_ms])
         return _text(reply)
 
     async def ack(self, entry_id: str) -> None:
-        """``XACK`` the job: its terminal event is stored (or it can never run)."""
-        await self.redis.xack(self.keys.jobs, JOBS_GROUP, entry_id)
+        """Acknowledge and delete the job entry (:data:`ACK_LUA`): its terminal event is stored, or it can never run.
+
+        Args:
+            entry_id: The job ref ``<jobs stream>/<entry id>`` (a bare entry id names the legacy stream).
+        """
+        stream, bare_id = self.keys.parse_job_ref(entry_id)
+        await self._ack(keys=[stream], args=[JOBS_GROUP, bare_id])
 
     async def is_cancelled(self, stream_id: str) -> bool:
         """Whether a client asked to cancel ``stream_id`` (the ``cancel`` flag is set)."""

@@ -14,10 +14,9 @@ import os
 import signal
 import sys
 
-import redis.asyncio as aioredis
-
 from schema.keys import Keys
 from schema.settings import SettingsError
+from worker.redis_client import RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
@@ -63,8 +62,10 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, stop, sig)
     credentials = credentials_from_env(os.environ)
-    log.info("event=worker_config concurrency=%d credentials=%r", settings.concurrency, credentials)
-    client = aioredis.Redis.from_url(settings.redis_url)
+    log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%r",
+             settings.concurrency, settings.job_shards, settings.redis_cluster, credentials)
+    client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster,
+                                                      client_name=f"fanout-worker:{settings.redis_prefix}"))
     session = new_session(settings)
     try:
         worker = Worker.create(client, Keys(settings.redis_prefix), settings, session=session,

@@ -1,8 +1,14 @@
 """The worker process's run loop: take as many jobs as there are free slots, run them, drain.
 
-Loop: while running and slots are free, first take over jobs of dead workers
-(``XAUTOCLAIM``, min-idle = the lease), else wait for new ones (``XREADGROUP COUNT <free>
-BLOCK <block_ms>``); each job runs as its own task (:class:`~worker.job_run.JobRun`). One
+Intake: one reader task per jobs stream in use (the shards and the legacy stream,
+:meth:`worker.intake.Intake.streams`, re-read every ``SHARD_REFRESH_S``), each on its own
+connection while it blocks. While slots are free a reader first takes over jobs of dead
+workers (``XAUTOCLAIM``, min-idle = the lease), else waits for new ones (``XREADGROUP COUNT
+<free> BLOCK <block_ms>``). Several readers may return at once: entries beyond the free
+slots are released at once (``XCLAIM ... IDLE <lease>``), so the next ``XAUTOCLAIM`` of any
+worker takes them and ``concurrency`` is never exceeded. An idle worker thus sends two
+commands per stream per ``block_ms`` (README, "Sharded jobs"). Each job runs as its own
+task (:class:`~worker.job_run.JobRun`). One
 Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose job
 cannot run is acked, after ending its stream ``failed`` when it names one
 (:mod:`worker.jobentry`).
@@ -26,17 +32,17 @@ import logging
 from collections.abc import Callable
 
 import aiohttp
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
 from worker.error_policy import redis_error_fields
-from worker.intake import Intake, JobEntry, consumer_name
+from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
+from worker.redis_client import RedisClient
 from worker.settings import WorkerSettings
 from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
@@ -60,11 +66,12 @@ class Worker:
             ``leases`` name this process's consumer.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ctx: JobContext) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, ctx: JobContext) -> None:
         self.redis, self.keys, self.ctx = redis, keys, ctx
         self.consumer = ctx.leases.consumer
         self.settings = ctx.settings
-        self.intake = Intake(redis, keys, consumer=self.consumer, lease_s=self.settings.lease_s)
+        self.intake = Intake(redis, keys, consumer=self.consumer, lease_s=self.settings.lease_s,
+                             shards=self.settings.job_shards)
         self.cancels = CancelListener(redis, keys, self._on_cancel)
         self.runs: dict[str, JobRun] = {}
         """Running jobs by entry id."""
@@ -75,7 +82,7 @@ class Worker:
 
     @classmethod
     def create(
-        cls, redis: aioredis.Redis, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
+        cls, redis: RedisClient, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
         credentials: Credentials | None = None, telemetry: Telemetry | None = None, consumer: str | None = None,
         clock_ms: Callable[[], int] | None = None,
     ) -> Worker:
@@ -103,7 +110,7 @@ class Worker:
         Raises:
             redis.exceptions.RedisError: Redis unreachable when creating the group.
         """
-        await self.intake.ensure_group()
+        await self.intake.ensure_groups()
         listener = asyncio.create_task(self.cancels.run())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cancels.ready.wait(), timeout=5.0)
@@ -119,26 +126,47 @@ class Worker:
         log.info("event=worker_stop consumer=%s", self.consumer)
 
     async def _intake_loop(self, stop: asyncio.Event) -> None:
+        """Keep one reader per jobs stream in use (re-read every SHARD_REFRESH_S) until ``stop``."""
+        readers: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
+                try:
+                    streams = await self.intake.streams()
+                except redis.exceptions.RedisError as exc:
+                    log.error("event=intake_failed error=%s message=%r", type(exc).__name__, str(exc))
+                    streams = list(readers)
+                for stream in streams:
+                    if stream not in readers or readers[stream].done():
+                        readers[stream] = asyncio.create_task(self._read_stream(stream, stop), name=f"intake-{stream}")
+                await self._pause(stop, SHARD_REFRESH_S)
+        finally:
+            await asyncio.gather(*readers.values(), return_exceptions=True)
+
+    async def _read_stream(self, stream: str, stop: asyncio.Event) -> None:
+        """Reader of one jobs stream: reclaim, else block for new entries; start what fits, release the rest."""
         while not stop.is_set():
             if self.free_slots <= 0:
                 await self._wait_for_slot(stop)
                 continue
             try:
-                entries = await self._next_entries()
+                entries = await self._next_entries(stream)
             except redis.exceptions.RedisError as exc:
-                log.error("event=intake_failed %s", redis_error_fields(exc))
+                log.error("event=intake_failed stream=%s %s", stream, redis_error_fields(exc))
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
             for entry in entries:
-                await (self._release_unstarted(entry) if stop.is_set() else self._start(entry))
+                # Readers of other streams may have filled the slots meanwhile: an entry that no
+                # longer fits is released at once (any worker's next XAUTOCLAIM takes it).
+                fits = not stop.is_set() and self.free_slots > 0
+                await (self._start(entry) if fits else self._release_unstarted(entry))
 
-    async def _next_entries(self) -> list[JobEntry]:
-        taken = await self.intake.reclaim(self.free_slots)
+    async def _next_entries(self, stream: str) -> list[JobEntry]:
+        taken = await self.intake.reclaim(stream, self.free_slots)
         fresh = [entry for entry in taken if entry[0] not in self.runs]
         if fresh:
-            log.info("event=jobs_reclaimed count=%d", len(fresh))
+            log.info("event=jobs_reclaimed stream=%s count=%d", stream, len(fresh))
             return fresh
-        return await self.intake.read_new(self.free_slots, block_ms=self.settings.block_ms)
+        return await self.intake.read_new(stream, self.free_slots, block_ms=self.settings.block_ms)
 
     async def _wait_for_slot(self, stop: asyncio.Event) -> None:
         self._slot_freed.clear()

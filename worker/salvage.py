@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
 from schema.keys import Keys
+from worker.redis_client import RedisClient
 
 TERMINAL_LUA: Final = """#!lua flags=allow-oom
 local n = tonumber(ARGV[7])
@@ -90,7 +90,7 @@ class Salvage:
         ttls: ``(stream_ttl_s, tombstone_ttl_s)`` as script arguments.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ttls: tuple[str, str]) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, ttls: tuple[str, str]) -> None:
         self.keys, self.ttls = keys, ttls
         self._terminal: AsyncScript = redis.register_script(TERMINAL_LUA)
         self._mark: AsyncScript = redis.register_script(MARK_LUA)

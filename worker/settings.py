@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from schema.keys import MAX_JOB_SHARDS
 from schema.settings import load_settings
 
 _Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -27,6 +28,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Redis to use (``REDIS_URL``)."""
     redis_prefix: str = "fanout"
     """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""
+    redis_cluster: bool = False
+    """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster (:mod:`worker.redis_client`)."""
+    job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
+    """``FANOUT_JOB_SHARDS``: jobs streams ``P:jobs:{0..n-1}``; the worker serves at least
+    these and every shard count a publisher recorded (:mod:`worker.shards`)."""
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
     """Streams one worker process runs at once (``--concurrency``)."""
     block_ms: Annotated[int, msgspec.Meta(ge=1)] = 2000

@@ -38,11 +38,11 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Literal, TypeVar
 
 import msgspec
-import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from schema.errors import StorageRefusedError
 from worker.error_policy import redis_error_fields, safe_message
+from worker.redis_client import RedisClient
 
 log = logging.getLogger("fanout.worker.storage")
 
@@ -152,7 +152,7 @@ async def with_retry(
             await sleep(delay)
 
 
-async def probe_write(client: aioredis.Redis, key: str, *, timeout_s: float) -> str | None:
+async def probe_write(client: RedisClient, key: str, *, timeout_s: float) -> str | None:
     """Prove Redis takes writes: ``SET <key> 1 PX`` :data:`PROBE_TTL_MS` within ``timeout_s``.
 
     Used by the publisher's ``/readyz`` and ``fanout health``. A PING passes on a server

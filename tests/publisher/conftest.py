@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
+from tests.conftest import is_cluster_url
 from tests.publisher.helpers import make_settings
 
 
@@ -35,7 +37,8 @@ async def start_app(redis_url: str, keys: Keys, redis_client: Any) -> AsyncItera
     runners: list[web.AppRunner] = []
 
     async def start(settings: PublisherSettings | None = None, **kwargs: Any) -> Server:
-        app = create_app(settings or make_settings(), keys=keys, redis_url=redis_url, **kwargs)
+        chosen = msgspec.structs.replace(settings or make_settings(), redis_cluster=is_cluster_url(redis_url))
+        app = create_app(chosen, keys=keys, redis_url=redis_url, **kwargs)
         runner = web.AppRunner(app, **RUNNER_KWARGS)
         await runner.setup()
         runners.append(runner)

@@ -68,7 +68,7 @@ async def test_submission_nested_past_the_decoder_limit_is_400_invalid_body(ctx)
         assert resp.status == 400
         assert resp.content_type == PROBLEM
         assert (await resp.json())["type"] == problem_type("invalid-body")
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
 
 
 async def test_submission_one_level_past_the_depth_limit_is_400_invalid_body(ctx):

@@ -22,6 +22,8 @@ from tests.publisher.helpers import (
     token_for,
 )
 
+pytestmark = pytest.mark.topologies
+
 PROBLEM = "application/problem+json"
 
 

@@ -11,6 +11,8 @@ from schema.job import job_decoder
 from schema.keys import JOB_FIELD
 from tests.publisher.helpers import API_KEY, SECRET, StreamWriter, bearer
 
+pytestmark = pytest.mark.topologies
+
 PROBLEM = "application/problem+json"
 BODY = {"provider": "openai_chat", "model": "gpt-x", "request": {"messages": [{"role": "user", "content": "hi"}]}}
 
@@ -43,7 +45,7 @@ async def test_submit_creates_meta_and_enqueues_job(ctx):
     assert meta["last_seq"] == "0"
     assert len(meta["body_hash"]) == 64
     assert int(meta["created_ms"]) >= before_s * 1000
-    jobs = await ctx.redis.xrange(ctx.keys.jobs)
+    jobs = await ctx.redis.xrange(ctx.keys.jobs_shard(0))
     assert len(jobs) == 1
     assert meta["job_id"] == jobs[0][0].decode()
     job = job_decoder.decode(jobs[0][1][JOB_FIELD])
@@ -70,7 +72,7 @@ async def test_submit_requires_api_key(ctx, headers):
         assert resp.content_type == PROBLEM
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         assert (await resp.json())["type"] == "https://fanout.dev/problems/unauthorized"
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,7 @@ async def test_submit_rejects_each_bad_field(ctx, change, field):
     assert problem["status"] == 400
     assert field in problem["detail"]
     assert [error["field"] for error in problem["errors"]] == [field]
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
 
 
 async def test_submit_names_every_bad_and_missing_field_at_once(server, http):
@@ -135,7 +137,7 @@ async def test_same_stream_id_same_body_is_idempotent(ctx):
     strip = [{k: v for k, v in a.items() if k not in ("token", "token_expires_at")} for a in answers]
     assert strip[0] == strip[1]
     assert answers[0]["stream_id"] == "client-chosen_1"
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 1
 
 
 async def test_orphaned_queued_meta_is_enqueued_again_on_resubmission(ctx):
@@ -143,19 +145,20 @@ async def test_orphaned_queued_meta_is_enqueued_again_on_resubmission(ctx):
     async with await submit(ctx.http, ctx.server, body) as resp:
         assert resp.status == 201
     # a publisher that died between the meta and the XADD leaves this behind:
-    await ctx.redis.delete(ctx.keys.jobs)
+    await ctx.redis.delete(ctx.keys.jobs_shard(0))
     await ctx.redis.hdel(ctx.keys.meta("orphaned"), "job_id")
     async with await submit(ctx.http, ctx.server, body) as resp:
         assert resp.status == 201
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0, "a fresh queued meta may still be enqueuing: no second job"
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0, (
+        "a fresh queued meta may still be enqueuing: no second job")
     await ctx.redis.hset(ctx.keys.meta("orphaned"), "created_ms", str(int(time.time() * 1000) - 31_000))
     async with await submit(ctx.http, ctx.server, body) as resp:
         assert resp.status == 201
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 1
     assert await ctx.redis.hget(ctx.keys.meta("orphaned"), "job_id")
     async with await submit(ctx.http, ctx.server, body) as resp:
         assert resp.status == 201
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 1
 
 
 async def test_same_stream_id_different_body_is_409(ctx):
@@ -165,11 +168,11 @@ async def test_same_stream_id_different_body_is_409(ctx):
         assert resp.status == 409
         assert resp.content_type == PROBLEM
         assert (await resp.json())["type"] == "https://fanout.dev/problems/stream-id-conflict"
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 1
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 1
 
 
 async def test_stream_id_of_an_expired_stream_is_409(ctx):
     await StreamWriter(ctx.redis, ctx.keys, "old").expire(9)
     async with await submit(ctx.http, ctx.server, {**BODY, "stream_id": "old"}) as resp:
         assert resp.status == 409
-    assert await ctx.redis.xlen(ctx.keys.jobs) == 0
+    assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0

@@ -13,12 +13,13 @@ from typing import Any
 
 import aiohttp
 import msgspec
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from schema.contract import Event, decode_event
 from schema.job import Job, job_encoder, new_stream_id
-from schema.keys import EVENT_FIELD, JOB_FIELD, Keys
+from schema.keys import EVENT_FIELD, JOB_FIELD, Keys, shard_of
+from tests.conftest import is_cluster_url
+from worker.redis_client import RedisClient, RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
@@ -38,7 +39,7 @@ GUARD_S = 15.0
 
 def settings_for(base_url: str, redis_url: str, keys: Keys, **overrides: Any) -> WorkerSettings:
     """Worker settings pointing every provider at ``base_url`` with :data:`FAST` limits."""
-    values = {**FAST, **overrides}
+    values = {"redis_cluster": is_cluster_url(redis_url), **FAST, **overrides}
     return WorkerSettings(redis_url=redis_url, redis_prefix=keys.prefix, openai_base_url=f"{base_url}/v1",
                           anthropic_base_url=base_url, gemini_base_url=base_url, **values)
 
@@ -64,7 +65,7 @@ async def running_worker(
     credentials: Credentials | None = None,
 ) -> AsyncIterator[Worker]:
     """Run a :class:`Worker` in this event loop until the block ends (then drain it)."""
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster))
     session = new_session(settings)
     worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, consumer=consumer,
                            credentials=credentials or Credentials(openai="sk-test-openai", anthropic="ak-test",
@@ -89,25 +90,31 @@ def make_job(provider: str, model: str, **fields: Any) -> Job:
                metadata=fields.pop("metadata", {"test": True}), **fields)
 
 
-async def submit(redis: aioredis.Redis, keys: Keys, job: Job) -> str:
-    """XADD the job to the jobs stream (as the publisher does); return its entry id."""
-    entry = await redis.xadd(keys.jobs, {JOB_FIELD: job_encoder.encode(job)})
-    return entry.decode() if isinstance(entry, bytes) else str(entry)
+def jobs_stream(keys: Keys, job: Job, shards: int = 1) -> str:
+    """The jobs stream a publisher with ``shards`` shards puts ``job`` in."""
+    return keys.jobs_shard(shard_of(job.stream_id, shards))
 
 
-async def stored_events(redis: aioredis.Redis, keys: Keys, stream_id: str) -> list[Event]:
+async def submit(redis: RedisClient, keys: Keys, job: Job, *, shards: int = 1, stream: str | None = None) -> str:
+    """XADD the job to its jobs shard (as the publisher does), or to ``stream``; return its job ref."""
+    key = stream or jobs_stream(keys, job, shards)
+    entry = await redis.xadd(key, {JOB_FIELD: job_encoder.encode(job)})
+    return keys.job_ref(key, entry.decode() if isinstance(entry, bytes) else str(entry))
+
+
+async def stored_events(redis: RedisClient, keys: Keys, stream_id: str) -> list[Event]:
     """Every stored event of the stream, in entry order."""
     entries = await redis.xrange(keys.events(stream_id))
     events = [decode_event(fields[EVENT_FIELD]) for _id, fields in entries]
     return [e for e in events if e is not None]
 
 
-async def stored_ids(redis: aioredis.Redis, keys: Keys, stream_id: str) -> list[str]:
+async def stored_ids(redis: RedisClient, keys: Keys, stream_id: str) -> list[str]:
     """The stored entry ids of the stream (``0-<seq>``)."""
     return [i.decode() for i, _ in await redis.xrange(keys.events(stream_id))]
 
 
-async def meta(redis: aioredis.Redis, keys: Keys, stream_id: str) -> dict[str, str]:
+async def meta(redis: RedisClient, keys: Keys, stream_id: str) -> dict[str, str]:
     """The stream's meta hash as text."""
     raw = await redis.hgetall(keys.meta(stream_id))
     return {k.decode(): v.decode() for k, v in raw.items()}
@@ -122,7 +129,7 @@ async def wait_for(predicate: Any, *, guard_s: float = GUARD_S, step_s: float = 
         await asyncio.sleep(step_s)
 
 
-async def wait_done(redis: aioredis.Redis, keys: Keys, stream_id: str) -> dict[str, str]:
+async def wait_done(redis: RedisClient, keys: Keys, stream_id: str) -> dict[str, str]:
     """Wait until the stream's meta says ``state=done``; return the meta."""
     async def done() -> bool:
         return (await meta(redis, keys, stream_id)).get("state") == "done"
@@ -131,10 +138,13 @@ async def wait_done(redis: aioredis.Redis, keys: Keys, stream_id: str) -> dict[s
     return await meta(redis, keys, stream_id)
 
 
-async def pending_count(redis: aioredis.Redis, keys: Keys) -> int:
-    """How many jobs are pending (delivered, not acked) in the ``workers`` group."""
-    info = await redis.xpending(keys.jobs, "workers")
-    return int(info["pending"])
+async def pending_count(redis: RedisClient, keys: Keys, shards: int = 1) -> int:
+    """How many jobs are pending (delivered, not acked) in the ``workers`` group of every shard."""
+    total = 0
+    for stream in keys.jobs_streams(shards):
+        info = await redis.xpending(stream, "workers")
+        total += int(info["pending"])
+    return total
 
 
 async def recorded(base_url: str) -> list[dict[str, Any]]:

@@ -35,6 +35,8 @@ from worker.appender import (
 )
 from worker.lease import Leases
 
+pytestmark = pytest.mark.topologies
+
 SID = "st_appendtest"
 REF = BlockRef(id="b0", index=0, kind="text")
 

@@ -26,6 +26,8 @@ from tests.worker.support import (
 from worker.attempt import RetryAttempt
 from worker.upstream_server import ServerConfig
 
+pytestmark = pytest.mark.topologies
+
 
 async def _request_cancel(redis: aioredis.Redis, keys: Keys, stream_id: str, *, notify: bool = True) -> None:
     """What the publisher does on POST /v1/streams/{id}/cancel."""

@@ -221,7 +221,7 @@ def test_key_slot_is_crc16_xmodem_of_the_hash_tag() -> None:
     tagged = {key_slot(k.encode()) for k in (keys.events(sid), keys.meta(sid), keys.tomb(sid), keys.live(sid),
                                               keys.cancel(sid))}
     assert tagged == {key_slot(sid.encode())}
-    assert key_slot(keys.jobs.encode()) != key_slot(keys.done.encode())
+    assert key_slot(keys.jobs_shard(0).encode()) != key_slot(keys.done.encode())
 
 
 # -- the live run -------------------------------------------------------------------------------
@@ -276,8 +276,8 @@ async def _run_everything(redis_url: str, keys: Keys, client: aioredis.Redis) ->
     leases = Leases(client, keys, consumer="releaser", lease_s=30)
     job = make_job("openai_chat", "m")
     entry = await submit(client, keys, job)
-    await Intake(client, keys, consumer="releaser", lease_s=30).ensure_group()
-    await client.xreadgroup(JOBS_GROUP, "releaser", {keys.jobs: ">"}, count=10)
+    await Intake(client, keys, consumer="releaser", lease_s=30).ensure_groups()
+    await client.xreadgroup(JOBS_GROUP, "releaser", {keys.jobs_shard(0): ">"}, count=10)
     claim = await leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry,
                                now_ms=int(time.time() * 1000))
     writer = Appender(client, keys).writer(job.stream_id, token=claim.token, last_seq=claim.last_seq)

@@ -141,7 +141,7 @@ async def test_deeply_nested_job_entry_is_acked_and_the_worker_keeps_running(
     poison = (b'{"stream_id":"st_deep","provider":"openai_chat","model":"m","request":{"x":'
               + b"[" * DEEP + b"]" * DEEP + b"}}")
     async with fake_upstream() as (base, _state), running_worker(settings_for(base, redis_url, keys), keys):
-        await redis_client.xadd(keys.jobs, {JOB_FIELD: poison})
+        await redis_client.xadd(keys.jobs_shard(0), {JOB_FIELD: poison})
         good = make_job("openai_chat", "simple_text_cyrillic_usage_chunk")
         await submit(redis_client, keys, good)
         assert (await wait_done(redis_client, keys, good.stream_id))["status"] == "completed"
@@ -158,7 +158,7 @@ async def test_job_for_an_unknown_provider_ends_its_stream_failed_invalid_reques
     await redis_client.hset(keys.meta(stream_id), mapping={"state": "queued", "last_seq": 0})
     entry = b'{"stream_id":"%s","provider":"nope","model":"m","request":{}}' % stream_id.encode()
     async with fake_upstream() as (base, state), running_worker(settings_for(base, redis_url, keys), keys):
-        await redis_client.xadd(keys.jobs, {JOB_FIELD: entry})
+        await redis_client.xadd(keys.jobs_shard(0), {JOB_FIELD: entry})
         await wait_done(redis_client, keys, stream_id)
 
         async def none_pending() -> bool:

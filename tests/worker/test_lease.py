@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
 
 from schema.keys import JOBS_GROUP, Keys
@@ -11,15 +12,17 @@ from tests.worker.support import make_job, submit
 from worker.intake import Intake
 from worker.lease import Leases
 
+pytestmark = pytest.mark.topologies
+
 LEASE_S = 30.0
 
 
 async def _delivered(redis: aioredis.Redis, keys: Keys, consumer: str) -> tuple[str, str, Leases, int]:
     """A job delivered to ``consumer`` and claimed by it: (entry id, stream id, its Leases, its token)."""
-    await Intake(redis, keys, consumer=consumer, lease_s=LEASE_S).ensure_group()
+    await Intake(redis, keys, consumer=consumer, lease_s=LEASE_S).ensure_groups()
     job = make_job("openai_chat", "m")
     entry = await submit(redis, keys, job)
-    await redis.xreadgroup(JOBS_GROUP, consumer, {keys.jobs: ">"}, count=1)
+    await redis.xreadgroup(JOBS_GROUP, consumer, {keys.jobs_shard(0): ">"}, count=1)
     leases = Leases(redis, keys, consumer=consumer, lease_s=LEASE_S)
     claim = await leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry,
                                now_ms=1_000)
@@ -27,13 +30,15 @@ async def _delivered(redis: aioredis.Redis, keys: Keys, consumer: str) -> tuple[
 
 
 async def _pending(redis: aioredis.Redis, keys: Keys, entry: str) -> tuple[str, int]:
-    """(owning consumer, idle ms) of the pending entry."""
-    [row] = await redis.xpending_range(keys.jobs, JOBS_GROUP, min=entry, max=entry, count=1)
+    """(owning consumer, idle ms) of the pending entry (a job ref)."""
+    stream, bare = keys.parse_job_ref(entry)
+    [row] = await redis.xpending_range(stream, JOBS_GROUP, min=bare, max=bare, count=1)
     return row["consumer"].decode(), int(row["time_since_delivered"])
 
 
 async def _age(redis: aioredis.Redis, keys: Keys, entry: str, consumer: str, idle_ms: int) -> None:
-    await redis.xclaim(keys.jobs, JOBS_GROUP, consumer, 0, [entry], idle=idle_ms, justid=True)
+    stream, bare = keys.parse_job_ref(entry)
+    await redis.xclaim(stream, JOBS_GROUP, consumer, 0, [bare], idle=idle_ms, justid=True)
 
 
 async def test_renew_resets_idle_time_of_an_owned_entry(redis_client: aioredis.Redis, keys: Keys) -> None:
@@ -80,14 +85,14 @@ async def test_release_makes_the_entry_a_lease_idle(redis_client: aioredis.Redis
     assert await leases.release(entry_id=entry, stream_id=sid, token=token)
     owner, idle = await _pending(redis_client, keys, entry)
     assert (owner, idle >= LEASE_S * 1000) == ("a", True)
-    taken = await redis_client.xautoclaim(keys.jobs, JOBS_GROUP, "b", int(LEASE_S * 1000), count=1)
-    assert [i.decode() for i, _ in taken[1]] == [entry]  # reclaimable at once
+    taken = await redis_client.xautoclaim(keys.jobs_shard(0), JOBS_GROUP, "b", int(LEASE_S * 1000), count=1)
+    assert [keys.job_ref(keys.jobs_shard(0), i.decode()) for i, _ in taken[1]] == [entry]  # reclaimable at once
 
 
 async def test_release_of_an_unstarted_entry_needs_no_meta(redis_client: aioredis.Redis, keys: Keys) -> None:
-    await Intake(redis_client, keys, consumer="a", lease_s=LEASE_S).ensure_group()
+    await Intake(redis_client, keys, consumer="a", lease_s=LEASE_S).ensure_groups()
     entry = await submit(redis_client, keys, make_job("openai_chat", "m"))
-    await redis_client.xreadgroup(JOBS_GROUP, "a", {keys.jobs: ">"}, count=1)
+    await redis_client.xreadgroup(JOBS_GROUP, "a", {keys.jobs_shard(0): ">"}, count=1)
     leases = Leases(redis_client, keys, consumer="a", lease_s=LEASE_S)
     assert await leases.release(entry_id=entry)
     assert (await _pending(redis_client, keys, entry))[1] >= LEASE_S * 1000

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, Event, StreamDone, StreamError, StreamStart
@@ -36,6 +37,8 @@ from worker.lease import Leases
 from worker.replay import replay_file
 from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
 
+pytestmark = pytest.mark.topologies
+
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_CASE = DEFAULT_ROOTS[1] / "openai_chat" / "simple_text_cyrillic_usage_chunk.sse"
 
@@ -43,9 +46,9 @@ CHAT_CASE = DEFAULT_ROOTS[1] / "openai_chat" / "simple_text_cyrillic_usage_chunk
 async def _leave_as_dead_worker(redis: aioredis.Redis, keys: Keys, job: Job, stored: int) -> str:
     """Put the job in the state a worker that died after storing ``stored`` events leaves."""
     intake = Intake(redis, keys, consumer="dead-1", lease_s=30)
-    await intake.ensure_group()
+    await intake.ensure_groups()
     entry = await submit(redis, keys, job)
-    assert [e for e, _ in await intake.read_new(1, block_ms=100)] == [entry]
+    assert [e for e, _ in await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)] == [entry]
     claim = await Leases(redis, keys, consumer="dead-1", lease_s=30).claim(
         stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry, now_ms=1_000)
     ref = BlockRef(id="b0", index=0, kind="text")
@@ -107,7 +110,7 @@ async def test_fenced_worker_cannot_append(redis_url: str, keys: Keys, redis_cli
             # Another worker takes the stream over: a new fencing token and the pending entry.
             await Leases(redis_client, keys, consumer="thief", lease_s=30).claim(
                 stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry, now_ms=1)
-            await redis_client.xclaim(keys.jobs, "workers", "thief", 0, [entry], justid=True)
+            await redis_client.xclaim(keys.jobs_shard(0), "workers", "thief", 0, [entry], justid=True)
             before = int((await meta(redis_client, keys, job.stream_id))["last_seq"])
 
             async def victim_gave_up() -> bool:
@@ -122,7 +125,7 @@ async def test_fenced_worker_cannot_append(redis_url: str, keys: Keys, redis_cli
         after = await meta(redis_client, keys, job.stream_id)
     assert int(after["last_seq"]) <= before + 1  # at most the batch already in flight
     assert after["state"] == "running"  # no terminal from the fenced worker
-    pending = await redis_client.xpending_range(keys.jobs, "workers", min="-", max="+", count=10)
+    pending = await redis_client.xpending_range(keys.jobs_shard(0), "workers", min="-", max="+", count=10)
     assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [(entry, "thief")]
 
 
@@ -208,7 +211,7 @@ async def test_sigterm_after_drain_leaves_job_pending_for_reclaim(redis_url: str
             process.send_signal(signal.SIGTERM)
             assert await _wait_exit(process) == 0
         assert (await meta(redis_client, keys, job.stream_id))["state"] == "running"  # no terminal written
-        pending = await redis_client.xpending_range(keys.jobs, "workers", min="-", max="+", count=10)
+        pending = await redis_client.xpending_range(keys.jobs_shard(0), "workers", min="-", max="+", count=10)
         assert [p["message_id"].decode() for p in pending] == [entry]
         assert pending[0]["time_since_delivered"] >= 30_000  # released: reclaimable at once
         # Another worker takes it over at once and retries it (only stream.start was stored).

@@ -323,10 +323,10 @@ async def test_wrongtype_on_meta_acks_the_job_instead_of_looping(
     await redis_client.set(keys.meta(job.stream_id), "not a hash")
     async with fake_upstream() as (base, _state):
         async with running_worker(settings_for(base, redis_url, keys, lease_s=0.3), keys):
-            entry = await submit(redis_client, keys, job)
+            stream, entry = keys.parse_job_ref(await submit(redis_client, keys, job))
 
             async def acked() -> bool:
-                groups = await redis_client.xinfo_groups(keys.jobs)
+                groups = await redis_client.xinfo_groups(stream)
                 return groups[0]["last-delivered-id"].decode() == entry and groups[0]["pending"] == 0
 
             await wait_for(acked)
@@ -339,9 +339,9 @@ async def test_stream_claimed_more_than_max_claims_ends_failed_internal(
         redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
     job = make_job("anthropic", CASE)
     intake = Intake(redis_client, keys, consumer="dead", lease_s=30)
-    await intake.ensure_group()
+    await intake.ensure_groups()
     entry = await submit(redis_client, keys, job)
-    await intake.read_new(1, block_ms=100)
+    assert [e for e, _ in await intake.read_new(keys.jobs_shard(0), 1, block_ms=100)] == [entry]
     leases = Leases(redis_client, keys, consumer="dead", lease_s=30)
     for _ in range(3):  # three owners died before storing anything
         await leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry,

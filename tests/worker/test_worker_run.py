@@ -32,6 +32,8 @@ from worker.replay import TRANSCRIPT_DIRS, replay_file
 from worker.settings import load_worker_settings
 from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
 
+pytestmark = pytest.mark.topologies
+
 DIRS = sorted(TRANSCRIPT_DIRS)
 
 
@@ -88,9 +90,10 @@ async def test_worker_takes_no_more_jobs_than_its_slots(redis_url: str, keys: Ke
                 return len(worker.runs) == 2
 
             await wait_for(two_running)
-            info = await redis_client.xinfo_groups(keys.jobs)
+            info = await redis_client.xinfo_groups(keys.jobs_shard(0))
             assert info[0]["pending"] == 2
-            assert info[0]["last-delivered-id"].decode() == entry_ids[1]  # the other two were never delivered
+            # the other two were never delivered
+            assert info[0]["last-delivered-id"].decode() == keys.parse_job_ref(entry_ids[1])[1]
             for job in jobs:
                 await wait_done(redis_client, keys, job.stream_id)
     for job in jobs:
@@ -118,8 +121,8 @@ async def test_two_workers_share_the_group(redis_url: str, keys: Keys, redis_cli
 async def test_undecodable_job_is_acked_and_skipped(redis_url: str, keys: Keys,
                                                     redis_client: aioredis.Redis) -> None:
     async with fake_upstream() as (base, _state), running_worker(settings_for(base, redis_url, keys), keys):
-        await redis_client.xadd(keys.jobs, {b"j": b"{not json"})
-        await redis_client.xadd(keys.jobs, {b"other": b"field"})
+        await redis_client.xadd(keys.jobs_shard(0), {b"j": b"{not json"})
+        await redis_client.xadd(keys.jobs_shard(0), {b"other": b"field"})
         await submit(redis_client, keys, make_job("openai_chat", "m", stream_id="bad}id:{x"))
         good = make_job("openai_chat", "simple_text_cyrillic_usage_chunk")
         await submit(redis_client, keys, good)
@@ -140,8 +143,8 @@ async def test_finished_stream_job_is_acked_without_running(redis_url: str, keys
             entry = await submit(redis_client, keys, job)
 
             async def none_pending() -> bool:
-                info = await redis_client.xinfo_groups(keys.jobs)
-                return info[0]["last-delivered-id"].decode() == entry and info[0]["pending"] == 0
+                info = await redis_client.xinfo_groups(keys.jobs_shard(0))
+                return info[0]["last-delivered-id"].decode() == keys.parse_job_ref(entry)[1] and info[0]["pending"] == 0
 
             await wait_for(none_pending)
         assert state.requests == []

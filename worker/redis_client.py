@@ -1,0 +1,195 @@
+"""The one place that creates Redis clients: single node by default, Redis Cluster with ``FANOUT_REDIS_CLUSTER=1``.
+
+Worker, publisher, ``fanout health``, the demo and the benchmarks call :func:`connect`; the
+rest of the code takes a :data:`RedisClient` and never asks which mode it runs in. What
+redis-py (8.1) gives each mode and what fanout relies on:
+
+* commands: the same API; the cluster client routes each command by its key's slot and
+  follows ``MOVED``/``ASK``; every fanout script names only keys of one slot in ``KEYS``
+  (:mod:`schema.keys`), and ``register_script`` works on both (``EVALSHA`` routed by the
+  first key, ``SCRIPT LOAD`` on ``NOSCRIPT``);
+* pipelines: only ``pipeline(transaction=False)``; the cluster pipeline splits commands
+  by node and REFUSES some commands, among them ``PUBLISH``, ``EVALSHA``, ``MGET``: send
+  those as plain commands;
+* classic pub/sub (``SUBSCRIBE``/``PUBLISH``) reaches every node of a cluster over its bus,
+  so a subscriber needs a plain connection to ONE node: :func:`node_client` (sharded
+  pub/sub is the edge issue's);
+* per-node commands (``INFO``, ``SCAN``, ``CLUSTER INFO``): :func:`primary_clients`.
+
+Stale connections (Redis restarted, a failover): every client retries a command that
+failed on a connection or timeout error :data:`RETRIES` times with jittered exponential
+backoff (:data:`RETRY_BASE_S` .. :data:`RETRY_CAP_S`), and PINGs a connection idle longer
+than :data:`HEALTH_CHECK_INTERVAL_S` before using it, so a dead pooled connection is
+replaced instead of failing a request. A retried non-idempotent command may have been
+applied once already: the append script's fenced seq check makes its retry exact; an
+``XADD`` of a job is at worst enqueued twice, and the second claim finds the stream
+running or done (:mod:`worker.lease`).
+
+Redis pages followed: Cluster specification (hash tags, redirections), CLUSTER INFO;
+redis-py docs: Clustering, Retry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import Any, Final, TypeAlias
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+RedisClient: TypeAlias = aioredis.Redis | RedisCluster
+"""What every fanout component takes: a single-node client or a cluster client."""
+
+RETRIES: Final = 3
+"""Retries of a command that failed on a connection or timeout error."""
+RETRY_BASE_S: Final = 0.05
+"""First backoff of those retries, seconds (jittered, doubled each time)."""
+RETRY_CAP_S: Final = 1.0
+"""Longest backoff of one retry, seconds."""
+HEALTH_CHECK_INTERVAL_S: Final = 5.0
+"""A pooled connection idle longer than this is PINGed before use, seconds."""
+
+
+class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How to connect; every field but ``cluster`` is optional.
+
+    Attributes:
+        cluster: ``FANOUT_REDIS_CLUSTER``: ``REDIS_URL`` names one seed node of a Redis
+            Cluster (``redis://`` or ``rediss://`` only: no Unix socket in cluster mode).
+        max_connections: Pool size (per node in cluster mode); ``None``: redis-py's default.
+        pool_timeout_s: Single node only: wait this long for a free connection of a full
+            pool (a blocking pool) instead of failing; ``None``: unbounded pool. The
+            cluster client has no blocking pool: a full node pool raises at once.
+        client_name: ``CLIENT SETNAME`` of every connection (shows in ``CLIENT LIST``).
+        socket_timeout_s: Read/write timeout of each command, seconds; ``None``: none.
+        connect_timeout_s: TCP connect timeout, seconds; ``None``: none.
+        retries: Retries after a connection or timeout error (:data:`RETRIES`).
+    """
+
+    cluster: bool = False
+    max_connections: int | None = None
+    pool_timeout_s: float | None = None
+    client_name: str | None = None
+    socket_timeout_s: float | None = None
+    connect_timeout_s: float | None = None
+    retries: int = RETRIES
+
+
+def _retry(retries: int) -> Retry:
+    return Retry(ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S), retries,
+                 supported_errors=(RedisConnectionError, RedisTimeoutError))
+
+
+def _common(options: RedisOptions) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "retry": _retry(options.retries), "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "socket_timeout": options.socket_timeout_s, "socket_connect_timeout": options.connect_timeout_s,
+    }
+    if options.client_name:
+        kwargs["client_name"] = options.client_name
+    return kwargs
+
+
+def connect(url: str, options: RedisOptions | None = None) -> RedisClient:
+    """Return a client of ``url``: :class:`RedisCluster` when ``options.cluster``, else :class:`redis.asyncio.Redis`.
+
+    No connection is opened yet (the first command opens one; the cluster client then
+    reads the slot map from the seed). Close it with ``await client.aclose()``.
+
+    Args:
+        url: ``REDIS_URL`` (``redis://``, ``rediss://``, or ``unix://`` for a single node).
+        options: See :class:`RedisOptions` (default: single node, redis-py's pool).
+
+    Raises:
+        ValueError: A URL redis-py cannot parse.
+        redis.exceptions.RedisClusterException: Cluster mode with a Unix socket URL.
+    """
+    options = options or RedisOptions()
+    kwargs = _common(options)
+    if options.cluster:
+        if options.max_connections is not None:
+            kwargs["max_connections"] = options.max_connections
+        return RedisCluster.from_url(url, **kwargs)
+    if options.pool_timeout_s is not None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=options.max_connections or 50, timeout=options.pool_timeout_s, **kwargs)
+        return aioredis.Redis.from_pool(pool)
+    if options.max_connections is not None:
+        kwargs["max_connections"] = options.max_connections
+    return aioredis.Redis.from_url(url, **kwargs)
+
+
+def is_cluster(client: RedisClient) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (for health checks and tests; other code must not branch on it)."""
+    return isinstance(client, RedisCluster)
+
+
+def _plain(client: aioredis.Redis) -> aioredis.Redis:
+    pool = client.connection_pool
+    return aioredis.Redis.from_pool(aioredis.ConnectionPool(  # from_pool: aclose closes the pool too
+        connection_class=pool.connection_class, **pool.connection_kwargs))
+
+
+_REDIS_PARAMS: Final = frozenset(inspect.signature(aioredis.Redis.__init__).parameters) - {"self", "host", "port"}
+
+
+def _of_node(node: ClusterNode) -> aioredis.Redis:
+    # the node's connection kwargs, less those only the cluster client knows
+    kwargs = {k: v for k, v in node.connection_kwargs.items() if k in _REDIS_PARAMS}
+    return aioredis.Redis(host=node.host, port=int(node.port), **kwargs)
+
+
+async def node_client(client: RedisClient) -> aioredis.Redis:
+    """Return a NEW single-node client for classic pub/sub: the same server, or one random cluster primary.
+
+    Classic ``PUBLISH`` on any cluster node reaches subscribers on every node, so one node
+    suffices. The caller closes it (``aclose``); call again after a connection failure to
+    pick a node of the current topology.
+
+    Raises:
+        redis.exceptions.RedisError: The cluster's slot map could not be read.
+    """
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+        return _of_node(random.choice(client.get_primaries()))  # noqa: S311 - load spreading, not security
+    return _plain(client)
+
+
+async def primary_clients(client: RedisClient) -> list[aioredis.Redis]:
+    """Return NEW single-node clients, one per primary (one for a single node); the caller closes them.
+
+    For commands that concern a node rather than a key: ``INFO``, ``SCAN``, ``CLUSTER INFO``.
+
+    Raises:
+        redis.exceptions.RedisError: The cluster's slot map could not be read.
+    """
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+        return [_of_node(node) for node in client.get_primaries()]
+    return [_plain(client)]
+
+
+async def cluster_problems(client: RedisClient) -> list[str]:
+    """Return why the cluster is not usable (``[]`` when every primary reports ``cluster_state:ok``).
+
+    A single-node client always answers ``[]``.
+
+    Raises:
+        redis.exceptions.RedisError: The slot map could not be read (the caller reports it).
+    """
+    if not isinstance(client, RedisCluster):
+        return []
+    problems = []
+    await client.initialize()
+    for node in client.get_primaries():
+        info = await client.execute_command("CLUSTER INFO", target_nodes=node)
+        state = info.get("cluster_state") if isinstance(info, dict) else None
+        if state != "ok":
+            problems.append(f"node {node.name} reports cluster_state:{state}")
+    return problems
