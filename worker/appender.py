@@ -68,7 +68,7 @@ from schema.keys import Keys
 from worker.error_policy import redis_error_fields
 from worker.redis_client import RedisClient
 from worker.salvage import Salvage
-from worker.storage import RetryPolicy, with_retry
+from worker.storage import RetryPolicy, wait_replicated, with_retry
 from worker.summary import summary_fields
 
 __all__ = [
@@ -128,19 +128,41 @@ class Appender:
         tombstone_ttl_s: TTL of its tombstone.
         done_maxlen: Approximate cap of the summaries stream.
         retry: Retry of failed script calls (:mod:`worker.storage`).
+        wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
+        wait_ms: Longest such ``WAIT``, ms.
     """
 
     def __init__(
         self, redis: RedisClient, keys: Keys, *, stream_ttl_s: int = 86_400,
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
+        wait_replicas: int = 0, wait_ms: int = 1000,
     ) -> None:
         self.redis, self.keys = redis, keys
         self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s))
         """``stream_ttl_s`` and ``tombstone_ttl_s`` as script arguments."""
         self.done_maxlen = done_maxlen
         self.retry = retry or RetryPolicy()
+        self.wait = (wait_replicas, wait_ms)
+        """``WAIT`` after a terminal: (replicas, timeout ms)."""
         self.script: AsyncScript = redis.register_script(APPEND_LUA)
         self.salvage = Salvage(redis, keys, self.ttls)
+
+    async def replicate_terminal(self, stream_id: str) -> None:
+        """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`worker.storage.wait_replicated`).
+
+        A short count or a Redis error is logged (``event=terminal_unreplicated``), not raised.
+        """
+        replicas, timeout_ms = self.wait
+        if not replicas:
+            return
+        try:
+            acked = await wait_replicated(self.redis, self.keys.meta(stream_id), replicas=replicas,
+                                          timeout_ms=timeout_ms)
+        except redis.exceptions.RedisError as exc:
+            log.warning("event=terminal_unreplicated stream_id=%s %s", stream_id, redis_error_fields(exc))
+            return
+        if acked < replicas:
+            log.warning("event=terminal_unreplicated stream_id=%s replicas=%d wanted=%d", stream_id, acked, replicas)
 
     async def write_summary(self, stream_id: str, fields: list[str]) -> bool:
         """``XADD <done> MAXLEN ~ <done_maxlen> *`` one finished-stream summary (its own slot).
@@ -258,16 +280,20 @@ class StreamWriter:
         last = events[-1]
         if isinstance(last, StreamDone | StreamError):
             self.terminal = last
+            await self._appender.replicate_terminal(sid)
             await self._appender.write_summary(sid, summary_fields(
                 last, provider=self.provider, model=self.model, started_ms=self.started_ms,
                 first_delta_ms=self.first_delta_ms))
 
-    async def end_refused(self, events: list[StreamError | Event]) -> str:
+    async def end_refused(self, events: list[StreamError | Event], *, jump: bool = False) -> str:
         """End the stream after a :class:`StorageRefusedError`: store ``events``, else mark meta.
 
         Args:
             events: The terminal batch: one ``stream.error`` continuing :attr:`last_seq`
                 (after a ``stream.start`` when nothing is stored).
+            jump: Redis lost events this writer stored (meta ``last_seq`` is below
+                :attr:`last_seq`): store the terminal after :attr:`last_seq` anyway
+                (:data:`worker.salvage.TERMINAL_LUA`).
 
         Returns:
             ``event`` (the terminal event is stored), ``marked`` (meta and tombstone carry
@@ -277,7 +303,7 @@ class StreamWriter:
             FencedError, StreamClosedError: Another owner, or already ended.
             redis.exceptions.RedisError: Redis unreachable past the retry window.
         """
-        salvage, sid, argv = self._appender.salvage, self.stream_id, self._argv(events)
+        salvage, sid, argv = self._appender.salvage, self.stream_id, [*self._argv(events), "jump" if jump else ""]
         code, detail = await self._salvage_call(lambda: salvage.terminal(sid, argv, self._appender.script))
         if code is not None:
             self._accept(events, code, detail)

@@ -129,7 +129,13 @@ class JobRun(JobStorage):
                 await self._write_error(FanoutError("the client cancelled the stream", category="cancelled"))
         except StreamClosedError:
             pass  # finished by someone else: nothing may follow its terminal
-        except (FencedError, SeqConflictError) as exc:
+        except SeqConflictError as exc:
+            if self.writer is not None and exc.stored_seq < self.writer.last_seq:
+                return await self._end_after_loss(exc.stored_seq)
+            log.warning("event=append_refused stream_id=%s error=SeqConflictError message=\"%s\"", self.job.stream_id,
+                        exc)
+            return "abandoned"
+        except FencedError as exc:
             log.warning("event=append_refused stream_id=%s error=%s message=\"%s\"", self.job.stream_id,
                         type(exc).__name__, exc)
             return "abandoned"

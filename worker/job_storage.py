@@ -98,13 +98,21 @@ class JobStorage:
             raise Stopped(self.stopper.reason)
         await asyncio.sleep(seconds)
 
-    async def _end_refused(self, reason: str) -> Outcome:
+    async def _end_after_loss(self, stored_seq: int) -> Outcome:
+        """Redis lost events this job stored (a failover): end the stream right after them, then ack."""
+        assert self.writer is not None
+        lost = f"{stored_seq + 1}..{self.writer.last_seq}"
+        log.error("event=storage_lost_events stream_id=%s seqs=%s", self.job.stream_id, lost)
+        reason = f"Redis lost events {lost} of this stream (a failover before they were replicated)"
+        return await self._end_refused(reason, jump=True, retryable=True)
+
+    async def _end_refused(self, reason: str, *, jump: bool = False, retryable: bool = False) -> Outcome:
         """End the stream ``failed``/``internal`` after Redis refused its writes for good, then ack."""
         assert self.writer is not None
         message = f"storage error: {reason}; the stream cannot be stored further"
-        error = FanoutError(message, category="internal")
+        error = FanoutError(message, category="internal", retryable=retryable)
         try:
-            stored = await self.writer.end_refused(self._error_events(error))
+            stored = await self.writer.end_refused(self._error_events(error), jump=jump)
         except (StreamClosedError, FencedError) as exc:
             log.warning("event=storage_end_skipped stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
             return "abandoned" if isinstance(exc, FencedError) else await self._ack_done()

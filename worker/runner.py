@@ -91,7 +91,8 @@ class Worker:
         retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
                             max_delay_s=settings.append_retry_max_delay_s)
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
-                            done_maxlen=settings.done_maxlen, retry=retry)
+                            done_maxlen=settings.done_maxlen, retry=retry,
+                            wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry or Telemetry(),

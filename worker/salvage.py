@@ -10,6 +10,10 @@ append), each fenced by the caller's token:
    blocks it, so a stream that hit ``maxmemory`` still ends with a real terminal event: a
    few hundred bytes past the limit, once per stream. Redis 6.2 cannot parse script
    flags; there the plain append script is used instead.
+   After a failover lost this writer's last events (the append answered ``seq`` with a
+   ``last_seq`` below the writer's), the terminal is stored right after the writer's own
+   last seq (``jump``): a reader that got the lost events live resumes exactly after them
+   and receives the terminal; any other reader hits the hole and gets ``stream.gap`` / 410.
 2. When that is refused too (a foreign entry above ours: no ``0-<seq>`` can ever be added
    again; ``WRONGTYPE`` on the events key), :data:`MARK_LUA` ends the stream without an
    event: meta ``state=done``, ``status``, ``ended_ms``, ``error_category``,
@@ -42,7 +46,9 @@ if meta[4] == ARGV[8 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
-if last + 1 ~= first then return {'seq', tostring(last)} end
+local jump = ARGV[9 + n] == 'jump' and first > last + 1
+if last + 1 ~= first and not jump then return {'seq', tostring(last)} end
+if jump then redis.call('HSET', KEYS[2], 'lost_from', last + 1, 'lost_to', first - 1) end
 for i = 1, n do
   redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[7 + i])
 end
@@ -57,7 +63,10 @@ redis.call('PUBLISH', KEYS[4], new_last)
 return {'ok', tostring(new_last)}
 """
 """The terminal-only append, allowed past ``maxmemory``. KEYS and ARGV as
-:data:`worker.appender.APPEND_LUA` (the status is never empty here)."""
+:data:`worker.appender.APPEND_LUA` (the status is never empty here), plus ARGV[9 + n]:
+``jump`` lets the batch start past ``last_seq + 1`` (never below it) when the writer knows
+that Redis lost its events in between (a failover); meta then records ``lost_from`` and
+``lost_to``, and readers get a ``stream.gap`` or a 410 for that range, never a silent hole."""
 
 MARK_LUA: Final = """
 local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state')

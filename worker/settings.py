@@ -68,6 +68,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """First backoff window of those retries; doubles per try (full jitter)."""
     append_retry_max_delay_s: _Positive = 1.0
     """Longest single wait between two tries of a failed write."""
+    terminal_wait_replicas: Annotated[int, msgspec.Meta(ge=0, le=16)] = 0
+    """After a stream's terminal event is stored and before its job is acked, ``WAIT`` for this
+    many replicas of the stream's primary (0: no ``WAIT``); set 1 with replicas (Cluster)."""
+    terminal_wait_ms: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    """Longest ``WAIT`` of that check, ms; the job is acked afterwards either way."""
     max_claims: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
     """A stream claimed more often than this (meta ``token``: every claim or reclaim counts)
     is ended ``failed``/``internal`` instead of being run again."""

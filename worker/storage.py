@@ -39,6 +39,7 @@ from typing import Final, Literal, TypeVar
 
 import msgspec
 import redis.exceptions as rex
+from redis.asyncio.cluster import RedisCluster
 
 from schema.errors import StorageRefusedError
 from worker.error_policy import redis_error_fields, safe_message
@@ -176,3 +177,21 @@ async def probe_write(client: RedisClient, key: str, *, timeout_s: float) -> str
     except (rex.RedisError, OSError) as exc:
         return f"Redis refuses writes ({type(exc).__name__}: {safe_message(str(exc))})"
     return None
+
+
+async def wait_replicated(client: RedisClient, key: str, *, replicas: int, timeout_ms: int) -> int:
+    """``WAIT <replicas> <timeout_ms>`` on the primary that holds ``key``; return how many replicas acked.
+
+    Used once per stream, after its terminal event is stored and before its job is acked
+    (``FANOUT_TERMINAL_WAIT_REPLICAS``): the terminal and the ack live in different slots,
+    so without it a failover could keep the ack and lose the terminal, leaving a stream
+    ``running`` that no job will ever end. Follows the Redis page of WAIT (a best effort:
+    a replica that acked can still lose the write if another one is promoted).
+
+    Raises:
+        redis.exceptions.RedisError: Redis failed (the caller logs it and acks anyway).
+    """
+    if isinstance(client, RedisCluster):  # WAIT has no key: route it to the key's primary, not to all of them
+        node = client.get_node_from_key(key)
+        return int(await client.execute_command("WAIT", replicas, timeout_ms, target_nodes=node))
+    return int(await client.wait(replicas, timeout_ms))
