@@ -142,3 +142,32 @@ async def test_reader_of_a_stream_storage_ended_without_event_is_ended_and_resum
         async with http.get(f"{base}/v1/streams/{sid}") as status:
             state = await status.json()
     assert (state["state"], state["status"], state["last_seq"]) == ("done", "failed", 2)
+
+
+async def test_readers_of_a_stream_with_lost_events_get_the_suffix_a_gap_or_a_410(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    sid = "st_lostevents"
+    claim = await Leases(redis_client, keys, consumer="w", lease_s=30).claim(
+        stream_id=sid, provider="anthropic", model="m", entry_id="1-1", now_ms=1)
+    writer = Appender(redis_client, keys).writer(sid, token=claim.token, last_seq=0)
+    ref = BlockRef(id="b0", index=0, kind="text")
+    await writer.append([StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}),
+                         BlockStart(stream_id=sid, seq=2, ts=2, block=ref)])
+    writer.last_seq = 4  # seqs 3 and 4 were acknowledged by a master that died before replicating them
+    error = StreamError(stream_id=sid, seq=5, ts=5, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="internal", retryable=True, message="storage error: lost 3..4"))
+    assert await writer.end_refused([error], jump=True) == "event"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with _publisher(redis_url, keys) as base, aiohttp.ClientSession(headers=headers) as http:
+        async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}/events") as resp:
+            body = await resp.read()
+        assert b"id: 2" in body
+        assert b"event: stream.gap" in body
+        assert b"id: 5" not in body
+        async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": "4"}) as resp:
+            assert resp.status == 200  # a reader that got 3 and 4 live gets exactly the rest
+            suffix = await resp.read()
+        assert b"id: 5\nevent: stream.error" in suffix
+        for position in ("2", "3"):
+            async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": position}) as resp:
+                assert resp.status == 410

@@ -78,9 +78,18 @@ class ReaderView(msgspec.Struct, kw_only=True):
 
 
 async def _follow(client: FanoutClient, sid: str, token: str) -> ReaderView:
-    view, position = ReaderView(), None
-    deadline = time.monotonic() + GUARD_S
-    while time.monotonic() < deadline:
+    view = ReaderView()
+    try:
+        async with asyncio.timeout(GUARD_S):  # a reader stalled on a live tail that never moves again
+            return await _follow_into(view, client, sid, token)
+    except TimeoutError:
+        view.ended = "guard"
+        return view
+
+
+async def _follow_into(view: ReaderView, client: FanoutClient, sid: str, token: str) -> ReaderView:
+    position = None
+    while True:
         try:
             async for event in client.events(sid, token=token, last_event_id=position):
                 view.got[event.seq] = msgspec.to_builtins(event)
@@ -92,8 +101,6 @@ async def _follow(client: FanoutClient, sid: str, token: str) -> ReaderView:
                 view.signalled, view.ended = True, "410"
                 return view
             await asyncio.sleep(0.3)  # 503 while the cluster fails over: resume from what we hold
-    view.ended = "guard"
-    return view
 
 
 @contextlib.asynccontextmanager

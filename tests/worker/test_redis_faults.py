@@ -370,3 +370,31 @@ async def test_stream_claimed_exactly_max_claims_times_still_runs(
     assert (state["status"], state["token"]) == ("completed", "1")
     _assert_completed_exactly(await stored_events(redis_client, keys, job.stream_id))
 
+
+
+LOSE_LAST_TWO = """
+local last = tonumber(redis.call('HGET', KEYS[2], 'last_seq'))
+redis.call('XDEL', KEYS[1], '0-' .. last, '0-' .. (last - 1))
+redis.call('HSET', KEYS[2], 'last_seq', last - 2)
+return last
+"""
+"""What a replica promoted before it got the last two appends holds: those events and the meta update missing."""
+
+
+async def test_events_lost_in_a_failover_end_the_stream_right_after_the_writers_last_seq(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fake_upstream(SLOW) as (base, _state), running_worker(settings_for(base, redis_url, keys), keys):
+        [sid] = await _submit_slow(redis_client, keys, 1)
+        await _all_running(redis_client, keys, [sid], at_least=5)
+        last = int(await redis_client.eval(LOSE_LAST_TWO, 2, keys.events(sid), keys.meta(sid)))
+        state = await wait_done(redis_client, keys, sid)
+        await wait_for(lambda: _no_pending(redis_client, keys))
+    events = await stored_events(redis_client, keys, sid)
+    seqs = [e.seq for e in events]
+    assert seqs[: last - 2] == list(range(1, last - 1))
+    assert seqs[-1] > last  # after everything the writer stored, so no reader's position is reused
+    terminal = events[-1]
+    assert isinstance(terminal, StreamError)
+    assert (terminal.status, terminal.error.category, terminal.error.retryable) == ("failed", "internal", True)
+    assert f"lost events {last - 1}.." in terminal.error.message
+    assert (state["state"], state["lost_from"], int(state["lost_to"])) == ("done", str(last - 1), terminal.seq - 1)
