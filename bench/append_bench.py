@@ -1,7 +1,8 @@
 """Fenced append throughput against the real Redis: events/s per batch size.
 
 Run: ``.venv/bin/python bench/append_bench.py [--events N] [--batches 1,8,64] [--streams N]``. Uses
-``REDIS_URL`` when set, else a private embedded ``redis-server``. For each batch size it claims
+``REDIS_URL`` when set (a cluster seed with ``FANOUT_REDIS_CLUSTER=1``), else a private embedded
+``redis-server``. For each batch size it claims
 ``--streams`` fresh streams and appends ``--events`` ``block.delta`` events (about 40 bytes of text
 each) round-robin through :class:`worker.appender.StreamWriter`, one script call per batch, all
 streams concurrently, then prints events/s and script calls/s. Bounded: ``--events`` per stream
@@ -12,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 import uuid
-
-import redis.asyncio as aioredis
 
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, Event, StreamStart
 from schema.keys import Keys
 from worker.appender import Appender, StreamWriter
 from worker.embedded_redis import redis_url
 from worker.lease import Leases
+from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
 
 TEXT = "The quick brown fox jumps over the lazy d"
 
@@ -48,7 +49,7 @@ async def _fill(writer: StreamWriter, events: int, batch: int) -> None:
         sent += size
 
 
-async def _measure(client: aioredis.Redis, keys: Keys, *, events: int, batch: int, streams: int) -> tuple[float, float]:
+async def _measure(client: RedisClient, keys: Keys, *, events: int, batch: int, streams: int) -> tuple[float, float]:
     appender = Appender(client, keys)
     leases = Leases(client, keys, consumer="bench", lease_s=30)
     writers = [await _stream(appender, leases, f"st_bench{batch}_{n}") for n in range(streams)]
@@ -60,7 +61,7 @@ async def _measure(client: aioredis.Redis, keys: Keys, *, events: int, batch: in
 
 
 async def _main(args: argparse.Namespace, url: str) -> None:
-    client = aioredis.Redis.from_url(url)
+    client = connect(url, RedisOptions(cluster=os.environ.get("FANOUT_REDIS_CLUSTER", "0") in ("1", "true")))
     keys = Keys(prefix=f"fanoutbench-{uuid.uuid4().hex[:8]}")
     try:
         print(f"redis={url.rsplit('@', maxsplit=1)[-1]} events_per_stream={args.events} streams={args.streams}")
@@ -68,8 +69,10 @@ async def _main(args: argparse.Namespace, url: str) -> None:
             per_s, calls_s = await _measure(client, keys, events=args.events, batch=batch, streams=args.streams)
             print(f"batch={batch:<4d} events/s={per_s:>10,.0f} script_calls/s={calls_s:>9,.0f}")
     finally:
-        async for key in client.scan_iter(match=f"{keys.prefix}:*", count=500):
-            await client.delete(key)
+        for node in await primary_clients(client):
+            async for key in node.scan_iter(match=f"{keys.prefix}:*", count=500):
+                await client.delete(key)
+            await node.aclose()
         await client.aclose()
 
 

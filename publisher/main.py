@@ -22,6 +22,7 @@ from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.telemetry import providers_from_env
 from schema.settings import SettingsError
+from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger("publisher")
 
@@ -41,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"fanout publisher: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings, args.host, args.port))
+    try:
+        return asyncio.run(serve(settings, args.host, args.port))
+    except (*REDIS_ERRORS, ValueError) as exc:
+        print(f"fanout publisher: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
+              f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER", file=sys.stderr)
+        return 1
 
 
 async def serve(settings: PublisherSettings, host: str, port: int) -> int:

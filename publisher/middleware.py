@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from redis.exceptions import RedisError
 
 from publisher.problems import ProblemError, from_http_exception
 from publisher.state import SETTINGS, TELEMETRY
 from schema.errors import InternalError
+from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         if exc.status < 400:
             raise
         return from_http_exception(exc)
-    except (RedisError, InternalError) as exc:
+    except (*REDIS_ERRORS, InternalError) as exc:  # the cluster client also raises RedisClusterException
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
         return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
     except Exception:

@@ -16,7 +16,6 @@ from typing import Any, Final
 
 import msgspec
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
@@ -27,7 +26,7 @@ from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_eve
 from schema.reducer import Assembler, result_to_builtins
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
-from worker.redis_client import cluster_problems
+from worker.redis_client import REDIS_ERRORS, cluster_problems
 from worker.storage import probe_write
 
 log = logging.getLogger(__name__)
@@ -141,7 +140,7 @@ async def readyz(request: web.Request) -> web.Response:
             problems = [written] if written else []
             problems += await cluster_problems(redis)
             missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
-    except (RedisError, TimeoutError, OSError) as exc:
+    except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
         detail = f"Redis does not answer: {type(exc).__name__}: {safe_message(str(exc))}"
         raise ProblemError("redis-unavailable", detail) from exc
     if missing:

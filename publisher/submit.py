@@ -31,7 +31,7 @@ from publisher.validation import Submission, decode_body, parse_submission
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD, Keys, shard_of
 from worker.intake import ensure_group
-from worker.redis_client import RedisClient
+from worker.redis_client import REDIS_ERRORS, RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class JobShards:
             if create_groups:
                 for stream in self.keys.jobs_streams(self.shards):
                     await ensure_group(redis, stream)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not record the job shard count in Redis: %s: %s", type(exc).__name__, exc)
             return False
         self._announced_at = now

@@ -7,7 +7,11 @@ Layout (ARCHITECTURE.md, "Redis layout"), with ``P`` the deployment's key prefix
 =============================  ========  ===================================================
 key                            type      content
 =============================  ========  ===================================================
-``P:jobs``                     stream    one entry per job, field ``j`` = Job JSON; group ``workers``
+``P:jobs:{<n>}``               stream    jobs shard ``n`` (``FANOUT_JOB_SHARDS``): one entry per job in
+                                         flight, field ``j`` = Job JSON; group ``workers``; the entry is
+                                         deleted once the job's terminal event is stored
+``P:jobshards``                set       every shard count a publisher used (decimal), for the workers
+``P:jobs``                     stream    legacy unsharded jobs stream: served while it exists, never written
 ``P:{id}:events``              stream    entry id ``0-<seq>``, field ``e`` = the event JSON
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
 ``P:{id}:live``                channel   PUBLISH of the last stored seq (decimal) after each append
@@ -22,27 +26,38 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
 86400 s, ``FANOUT_TOMBSTONE_TTL_S`` default 604800 s, ``FANOUT_DONE_MAXLEN`` default
 100000; publisher ``FANOUT_CANCEL_TTL_S`` default 86400 s):
 
-* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot
-  (KEYS meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
+* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot (KEYS
+  meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
   ``body_hash``) and ``used`` when only a tombstone or events remain; else it creates
-  ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``, ``created_ms``,
-  ``last_seq=0`` and no TTL. Then ``XADD P:jobs * j <Job JSON>`` (no cap), then
-  ``HSET meta job_id <entry id>``. The two writes are separate commands in separate
-  slots. When the ``XADD`` raises a Redis error the publisher deletes the fresh meta
-  (``DEL``, so a retry with the same stream id can submit again) and re-raises (503
-  ``redis-unavailable``). If that ``DEL`` fails too, or the publisher dies between the
-  meta script and the ``XADD``, the ``queued`` meta stays without a job. A resubmission
-  of the same body more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`)
-  finds it (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same
-  script so concurrent retries cannot both win, and enqueues the job.
-  An ``XADD`` that raised although Redis applied it leaves a job whose meta was deleted;
-  the worker's claim recreates the fields it needs (below).
+  ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``,
+  ``created_ms``, ``last_seq=0`` and no TTL. Then ``XADD P:jobs:{<n>} * j <Job JSON>``
+  with ``n = shard_of(stream_id, FANOUT_JOB_SHARDS)`` (CRC-32 modulo the count; no cap:
+  the shards hold only jobs in flight), then ``HSET meta job_id <job ref>`` (``<jobs
+  stream>/<entry id>``). The two writes are separate commands in separate slots. Every
+  publisher also records its shard count (``SADD P:jobshards <n>``) at start and at most
+  every 30 s of submissions, and creates its shards' groups at start. When the ``XADD``
+  raises a Redis error the publisher deletes the fresh meta (``DEL``, so a retry with
+  the same stream id can submit again) and re-raises (503 ``redis-unavailable``). If
+  that ``DEL`` fails too, or the publisher dies between the meta script and the
+  ``XADD``, the ``queued`` meta stays without a job. A resubmission of the same body
+  more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`) finds it
+  (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same script so
+  concurrent retries cannot both win, and enqueues the job. An ``XADD`` that raised
+  although Redis applied it leaves a job whose meta was deleted; the worker's claim
+  recreates the fields it needs (below).
+* Intake (worker, :mod:`worker.intake`): every worker reads every shard ``0 ..
+  max(own FANOUT_JOB_SHARDS, P:jobshards) - 1`` and the legacy ``P:jobs`` while it exists,
+  one blocking ``XREADGROUP`` per stream, and recreates a missing group (``NOGROUP``).
 * Claim (worker, :mod:`worker.lease`, one script on the stream's slot, KEYS meta, tomb).
   A tombstone or meta ``state=done`` means finished: nothing is written and the job is
-  acked. Otherwise ``HINCRBY token 1`` (the fencing token), ``HSET owner <consumer>
-  state running job_id <jobs entry id>``, and ``HSETNX`` (only where missing, e.g. no
+  acked and deleted (below). Otherwise ``HINCRBY token 1`` (the fencing token),
+  ``HSET owner <consumer> state running job_id <job ref>``, and ``HSETNX`` (only where missing, e.g. no
   publisher meta) ``started_ms <now>`` (so it keeps the first claim's time),
   ``last_seq 0``, ``provider``, ``model``. No TTL while running.
+* Ack (worker, :mod:`worker.lease`, one script on the jobs shard's slot): ``XACK`` and
+  ``XDEL`` of the job entry together, once its terminal event is stored, when it can
+  never run (undecodable, invalid) or when the claim found it done. No request body
+  outlives its stream: meta, tombstone, events and ``P:done`` hold no request.
 * Appends (worker, :mod:`worker.appender`, one script on the stream's slot, KEYS
   events, meta, tomb, live) must present that token, so an older owner is fenced out;
   they write ``0-<seq>`` entries, advance ``last_seq`` and ``PUBLISH`` it on ``live``. On a
@@ -50,22 +65,23 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
   summary then goes to ``P:done`` by a separate ``XADD MAXLEN ~ done_maxlen`` (another
   slot); a crash in between loses that summary line, never an event.
-* Lease (worker): renewal resets the job's pending-entry idle time (``XCLAIM <jobs>
+* Lease (worker): renewal resets the job's pending-entry idle time (``XCLAIM <shard>
   workers <me> 0 <id> JUSTID``) after checking meta ``token``; it writes no meta. Release
   at shutdown writes no meta either: ``XCLAIM ... IDLE <lease_ms> JUSTID`` makes the
   still-pending entry look a whole lease idle, so the next ``XAUTOCLAIM`` of any worker
   takes it at once; meta keeps ``state=running`` and the old ``owner``/``token`` until
   that claim overwrites them.
 * Cancel (publisher, :mod:`publisher.status`, only for a known stream not yet done): a
-  non-transactional pipeline ``SET P:{id}:cancel 1 EX cancel_ttl_s`` and ``PUBLISH
-  P:cancels <id>``. The owning worker aborts and writes ``stream.error`` ``cancelled``;
+  plain ``SET P:{id}:cancel 1 EX cancel_ttl_s``, then ``PUBLISH P:cancels <id>`` (two
+  commands: a cluster pipeline refuses ``PUBLISH``). The owning worker aborts and writes ``stream.error`` ``cancelled``;
   the flag is also read at claim and at every lease renewal (a missed notification),
   and is never deleted: it expires with its TTL.
 
 Redis Cluster: every server-side script touches the keys of ONE slot and names each of
-them in ``KEYS`` (tests/worker/test_cluster_scripts.py checks both); ``P:jobs``,
-``P:done`` and ``P:cancels`` each have their own slot and are only reached by plain
-commands or by a script of their own.
+them in ``KEYS`` (tests/worker/test_cluster_scripts.py checks both); each jobs shard
+(its own hash tag ``{<n>}``), ``P:jobs``, ``P:jobshards``, ``P:done`` and ``P:cancels``
+have their own slots and are only reached by plain commands or by a script of their
+own on one key. Classic pub/sub (``P:{id}:live``, ``P:cancels``) reaches every node.
 
 Pure: no redis import.
 """

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from schema.keys import Keys
-from tests.redis_servers import RedisClusterServers, redis_cluster
+from tests.redis_servers import RedisClusterServers, redis_cluster, redis_node
 from worker.embedded_redis import redis_url as _redis_url
 from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
 
@@ -85,6 +85,13 @@ def test_cluster() -> Iterator[RedisClusterServers]:
 def cluster_redis_url(test_cluster: RedisClusterServers) -> str:
     """Seed URL of the session's test cluster."""
     return test_cluster.url
+
+
+@pytest.fixture(scope="session")
+def private_node_url() -> Iterator[str]:
+    """A private single node nobody else writes to, for tests that count commands (``INFO commandstats``)."""
+    with redis_node() as server:
+        yield server.url
 
 
 @pytest.fixture

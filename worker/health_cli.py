@@ -20,13 +20,12 @@ import os
 import sys
 
 import aiohttp
-from redis.exceptions import RedisError
 
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
-from worker.redis_client import RedisOptions, cluster_problems, connect
+from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_problems, connect
 from worker.settings import load_worker_settings
 from worker.storage import probe_write
 
@@ -57,7 +56,7 @@ async def redis_problems(timeout_s: float) -> list[str]:
                            retries=0)
     try:
         client = connect(settings.redis_url, options)
-    except (RedisError, ValueError) as exc:
+    except (*REDIS_ERRORS, ValueError) as exc:
         return [f"redis: {type(exc).__name__}: {exc}"]
     try:
         async with asyncio.timeout(timeout_s * 3):
@@ -70,7 +69,7 @@ async def redis_problems(timeout_s: float) -> list[str]:
             problems += [f"redis: jobs stream {s} has no consumer group 'workers' (Redis lost its data?)"
                          for s in await missing_groups(client, streams)]
             return problems
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
         return [f"redis: {type(exc).__name__}: {safe_message(str(exc))}"]
     finally:
         await client.aclose()

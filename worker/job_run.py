@@ -51,6 +51,7 @@ from worker.error_policy import redis_error_fields
 from worker.job_storage import JobContext, JobStorage, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
+from worker.redis_client import REDIS_ERRORS
 from worker.storage import fault_kind
 from worker.upstream import UpstreamRequest, build_request
 
@@ -141,7 +142,7 @@ class JobRun(JobStorage):
             return "abandoned"
         except StorageRefusedError as exc:
             return await self._end_refused(exc.reason)
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.error("event=redis_error stream_id=%s action=leave_pending %s", self.job.stream_id,
                       redis_error_fields(exc))
             return "abandoned"

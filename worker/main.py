@@ -16,7 +16,7 @@ import sys
 
 from schema.keys import Keys
 from schema.settings import SettingsError
-from worker.redis_client import RedisOptions, connect
+from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the worker; return 0 after a clean drain, 2 on bad configuration."""
+    """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis is unusable."""
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
                                         redis_prefix=args.redis_prefix, log_level=args.log_level)
@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
                                          metrics_exporter=settings.otel_metrics_exporter)
     try:
         asyncio.run(serve(settings, telemetry))
+    except (*REDIS_ERRORS, ValueError) as exc:
+        sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
+                         f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER\n")
+        return 1
     finally:
         telemetry.shutdown()
     return 0

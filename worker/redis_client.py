@@ -41,10 +41,15 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 """What every fanout component takes: a single-node client or a cluster client."""
+
+REDIS_ERRORS: Final = (RedisError, RedisClusterException)
+"""What a Redis call of either client may raise: redis-py's cluster client raises
+``RedisClusterException`` (not a ``RedisError``) e.g. when the slots are not all covered."""
 
 RETRIES: Final = 3
 """Retries of a command that failed on a connection or timeout error."""
@@ -81,6 +86,28 @@ class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = RETRIES
 
 
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, routing ``XREADGROUP`` by its keys itself.
+
+    redis-py asks the server (``COMMAND GETKEYS``, twice) for the keys of a command with
+    "movable keys" such as ``XREADGROUP`` before sending it, tripling what an idle worker
+    sends and putting it all on one node. The keys of ``XREADGROUP GROUP g c [COUNT n]
+    [BLOCK ms] [NOACK] STREAMS k.. id..`` follow ``STREAMS`` (the first half of the rest).
+    """
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        if str(command).upper() == "XREADGROUP":
+            words = [a.upper() if isinstance(a, str | bytes) else a for a in args]
+            marker = next((w for w in words[3:] if w in ("STREAMS", b"STREAMS")), None)
+            if marker is not None:
+                start = words.index(marker, 3) + 1
+                keys = args[start: start + (len(args) - start) // 2]
+                slots = {self.keyslot(key) for key in keys}
+                if len(slots) == 1:
+                    return slots.pop()
+        return await super()._determine_slot(command, *args)
+
+
 def _retry(retries: int) -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=RETRY_BASE_S, cap=RETRY_CAP_S), retries,
                  supported_errors=(RedisConnectionError, RedisTimeoutError))
@@ -115,7 +142,7 @@ def connect(url: str, options: RedisOptions | None = None) -> RedisClient:
     if options.cluster:
         if options.max_connections is not None:
             kwargs["max_connections"] = options.max_connections
-        return RedisCluster.from_url(url, **kwargs)
+        return _Cluster.from_url(url, **kwargs)
     if options.pool_timeout_s is not None:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=options.max_connections or 50, timeout=options.pool_timeout_s, **kwargs)

@@ -43,7 +43,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from schema.errors import StorageRefusedError
 from worker.error_policy import redis_error_fields, safe_message
-from worker.redis_client import RedisClient
+from worker.redis_client import REDIS_ERRORS, RedisClient
 
 log = logging.getLogger("fanout.worker.storage")
 
@@ -79,8 +79,10 @@ def error_code(exc: BaseException) -> str:
     return word if word.isupper() and word.isalpha() else ""
 
 
-def fault_kind(exc: rex.RedisError) -> FaultKind:
-    """Classify one Redis error (module table)."""
+def fault_kind(exc: rex.RedisError | rex.RedisClusterException) -> FaultKind:
+    """Classify one Redis error (module table); the cluster client's own errors (no slot map yet) are transient."""
+    if isinstance(exc, rex.RedisClusterException):
+        return "transient"
     if isinstance(exc, _AUTH):
         return "permanent"
     if isinstance(exc, rex.ConnectionError | rex.TimeoutError):
@@ -93,7 +95,7 @@ def fault_kind(exc: rex.RedisError) -> FaultKind:
     return "permanent"
 
 
-def storage_reason(exc: rex.RedisError) -> str:
+def storage_reason(exc: rex.RedisError | rex.RedisClusterException) -> str:
     """Return a short, user-safe reason for a refused write: the code, or what a foreign entry did."""
     text = str(exc)
     if "equal or smaller than the target stream top item" in text:
@@ -104,7 +106,7 @@ def storage_reason(exc: rex.RedisError) -> str:
     return f"Redis answered {code}" if code else f"Redis failed ({type(exc).__name__})"
 
 
-def refused(exc: rex.RedisError, stream_id: str) -> StorageRefusedError:
+def refused(exc: rex.RedisError | rex.RedisClusterException, stream_id: str) -> StorageRefusedError:
     """Return the :class:`StorageRefusedError` for a write of ``stream_id`` that cannot succeed."""
     return StorageRefusedError(f"storage refused the writes of stream {stream_id}: {storage_reason(exc)}",
                                reason=storage_reason(exc))
@@ -134,7 +136,7 @@ async def with_retry(
     while True:
         try:
             return await call()
-        except rex.RedisError as exc:
+        except REDIS_ERRORS as exc:
             kind = fault_kind(exc)
             now = time.monotonic()
             tries += 1

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str) -> Iterator[LocalStack]:
-    with LocalStack(redis_url, workers=2, delay_ms=120, chunk_bytes=48) as running:
+def stack(single_redis_url: str) -> Iterator[LocalStack]:
+    with LocalStack(single_redis_url, workers=2, delay_ms=120, chunk_bytes=48) as running:
         yield running
 
 

@@ -19,6 +19,7 @@ from publisher.stack import LocalStack
 from schema.contract import StreamDone, is_terminal
 from schema.reducer import reduce
 from schema.validate import validate
+from tests.conftest import TOPOLOGIES
 from tests.e2e.proxy import CuttingProxy
 from worker.replay import replay_file
 
@@ -26,10 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CASE = ("openai_chat", "openai_chat", "reasoning_text_tool_call_blocks")
 
 
-@pytest.fixture(scope="module")
-def stack(redis_url: str) -> Iterator[LocalStack]:
-    with LocalStack(redis_url, workers=2, delay_ms=30, chunk_bytes=64,
-                    env={"FANOUT_SSE_RETRY_MS": "200"}) as running:
+@pytest.fixture(scope="module", params=TOPOLOGIES)
+def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    """The local stack (2 workers, 1 publisher) on a single node, then on the test cluster."""
+    cluster = request.param == "cluster"
+    url = request.getfixturevalue("cluster_redis_url" if cluster else "single_redis_url")
+    with LocalStack(url, workers=2, delay_ms=30, chunk_bytes=64,
+                    env={"FANOUT_SSE_RETRY_MS": "200", "FANOUT_REDIS_CLUSTER": "1" if cluster else "0",
+                         "FANOUT_JOB_SHARDS": "4"}) as running:
         yield running
 
 

@@ -47,7 +47,7 @@ async def test_submit_creates_meta_and_enqueues_job(ctx):
     assert int(meta["created_ms"]) >= before_s * 1000
     jobs = await ctx.redis.xrange(ctx.keys.jobs_shard(0))
     assert len(jobs) == 1
-    assert meta["job_id"] == jobs[0][0].decode()
+    assert meta["job_id"] == ctx.keys.job_ref(ctx.keys.jobs_shard(0), jobs[0][0].decode())
     job = job_decoder.decode(jobs[0][1][JOB_FIELD])
     assert job.stream_id == sid
     assert job.provider == "openai_chat"

@@ -19,7 +19,7 @@ from schema.contract import Event, decode_event
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import EVENT_FIELD, JOB_FIELD, Keys, shard_of
 from tests.conftest import is_cluster_url
-from worker.redis_client import RedisClient, RedisOptions, connect
+from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
@@ -165,3 +165,20 @@ def strip_volatile(events: list[Event]) -> list[dict[str, Any]]:
             item.pop("metadata", None)
         out.append(item)
     return out
+
+
+async def node_command_calls(redis: RedisClient, names: list[str]) -> list[int]:
+    """Per master (one for a single node): calls of the commands ``names`` (``INFO commandstats``)."""
+    out = []
+    for node in await primary_clients(redis):
+        try:
+            stats = await node.info("commandstats")
+        finally:
+            await node.aclose()
+        out.append(sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names))
+    return out
+
+
+async def command_calls(redis: RedisClient, name: str) -> int:
+    """Calls of command ``name`` summed over every master."""
+    return sum(await node_command_calls(redis, [name]))

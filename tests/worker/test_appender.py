@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,6 +26,8 @@ from schema.contract import (
 )
 from schema.errors import InternalError
 from schema.keys import EVENT_FIELD, Keys
+from tests.conftest import client_for, delete_prefix
+from tests.worker.support import command_calls
 from worker.appender import (
     Appender,
     FencedError,
@@ -34,6 +37,7 @@ from worker.appender import (
     summary_fields,
 )
 from worker.lease import Leases
+from worker.redis_client import RedisClient
 
 pytestmark = pytest.mark.topologies
 
@@ -120,20 +124,33 @@ async def test_terminal_must_be_last_in_batch(redis_client: aioredis.Redis, keys
     assert await _stored(redis_client, keys) == []
 
 
+@pytest.fixture
+async def quiet_client(request: pytest.FixtureRequest, topology: str, keys: Keys) -> AsyncIterator[RedisClient]:
+    """A client of a Redis only this session writes to (commandstats count only our commands).
+
+    ``single``: the private node; ``cluster``: the session's test cluster (tests run one at a time).
+    """
+    url = request.getfixturevalue("cluster_redis_url" if topology == "cluster" else "private_node_url")
+    client = client_for(url)
+    yield client
+    await delete_prefix(client, keys.prefix)
+    await client.aclose()
+
+
 async def _command_calls(redis: aioredis.Redis, name: str) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+    """Calls of command ``name`` summed over every master (``INFO commandstats`` per node)."""
+    return await command_calls(redis, name)
 
 
-async def test_batch_is_one_script_call_in_order(redis_client: aioredis.Redis, keys: Keys) -> None:
-    writer = await _writer(redis_client, keys)
+async def test_batch_is_one_script_call_in_order(quiet_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(quiet_client, keys)
     await writer.append([_start()])  # loads the script, so the batch below is one EVALSHA
-    evalsha, xadd = await _command_calls(redis_client, "evalsha"), await _command_calls(redis_client, "xadd")
+    evalsha, xadd = await _command_calls(quiet_client, "evalsha"), await _command_calls(quiet_client, "xadd")
     batch = _body(2, 50)
     await writer.append(batch)
-    assert await _command_calls(redis_client, "evalsha") - evalsha == 1
-    assert await _command_calls(redis_client, "xadd") - xadd == 50  # inside the one script call
-    stored = await _stored(redis_client, keys)
+    assert await _command_calls(quiet_client, "evalsha") - evalsha == 1
+    assert await _command_calls(quiet_client, "xadd") - xadd == 50  # inside the one script call
+    stored = await _stored(quiet_client, keys)
     assert [e for _, e in stored[1:]] == batch
 
 
@@ -211,15 +228,15 @@ async def test_concurrent_writers_of_one_stream_store_each_seq_once(redis_client
     assert [i for i, _ in await _stored(redis_client, keys)] == ["0-1", "0-2", "0-3", "0-4"]
 
 
-async def test_summary_is_a_separate_xadd_after_the_terminal_script(redis_client: aioredis.Redis,
+async def test_summary_is_a_separate_xadd_after_the_terminal_script(quiet_client: aioredis.Redis,
                                                                     keys: Keys) -> None:
-    writer = await _writer(redis_client, keys, done_maxlen=10)
+    writer = await _writer(quiet_client, keys, done_maxlen=10)
     await writer.append([_start()])
-    evalsha, xadd = await _command_calls(redis_client, "evalsha"), await _command_calls(redis_client, "xadd")
+    evalsha, xadd = await _command_calls(quiet_client, "evalsha"), await _command_calls(quiet_client, "xadd")
     await writer.append([*_body(2, 3), _done(5)])
-    assert await _command_calls(redis_client, "evalsha") - evalsha == 1
-    assert await _command_calls(redis_client, "xadd") - xadd == 4 + 1  # 4 events in the script, then the summary
-    assert await redis_client.xlen(keys.done) == 1
+    assert await _command_calls(quiet_client, "evalsha") - evalsha == 1
+    assert await _command_calls(quiet_client, "xadd") - xadd == 4 + 1  # 4 events in the script, then the summary
+    assert await quiet_client.xlen(keys.done) == 1
 
 
 async def test_lost_summary_never_loses_an_event(redis_client: aioredis.Redis, keys: Keys,

@@ -176,7 +176,7 @@ def sha(script: str) -> str:
 
 def test_scripts_are_found() -> None:
     names = set(discover_scripts())
-    assert {"worker.appender.APPEND_LUA", "worker.lease.CLAIM_LUA", "worker.lease.TOUCH_LUA",
+    assert {"worker.appender.APPEND_LUA", "worker.lease.CLAIM_LUA", "worker.lease.TOUCH_LUA", "worker.lease.ACK_LUA",
             "publisher.submit.CREATE_META"} <= names
 
 

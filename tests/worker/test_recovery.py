@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, Event, StreamDone, StreamError, StreamStart
 from schema.job import Job
 from schema.keys import Keys
+from tests.conftest import is_cluster_url
 from tests.worker.support import (
     GUARD_S,
     fake_upstream,
@@ -110,7 +111,8 @@ async def test_fenced_worker_cannot_append(redis_url: str, keys: Keys, redis_cli
             # Another worker takes the stream over: a new fencing token and the pending entry.
             await Leases(redis_client, keys, consumer="thief", lease_s=30).claim(
                 stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id=entry, now_ms=1)
-            await redis_client.xclaim(keys.jobs_shard(0), "workers", "thief", 0, [entry], justid=True)
+            await redis_client.xclaim(keys.jobs_shard(0), "workers", "thief", 0, [keys.parse_job_ref(entry)[1]],
+                                      justid=True)
             before = int((await meta(redis_client, keys, job.stream_id))["last_seq"])
 
             async def victim_gave_up() -> bool:
@@ -126,7 +128,8 @@ async def test_fenced_worker_cannot_append(redis_url: str, keys: Keys, redis_cli
     assert int(after["last_seq"]) <= before + 1  # at most the batch already in flight
     assert after["state"] == "running"  # no terminal from the fenced worker
     pending = await redis_client.xpending_range(keys.jobs_shard(0), "workers", min="-", max="+", count=10)
-    assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [(entry, "thief")]
+    assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [
+        (keys.parse_job_ref(entry)[1], "thief")]
 
 
 async def test_lease_renewal_keeps_running_job_from_reclaim(redis_url: str, keys: Keys,
@@ -152,7 +155,8 @@ async def _worker_process(base: str, redis_url: str, keys: Keys, log: Path, **en
     variables = {
         **os.environ, "REDIS_URL": redis_url, "FANOUT_REDIS_PREFIX": keys.prefix, "FANOUT_BLOCK_MS": "50",
         "FANOUT_OPENAI_BASE_URL": f"{base}/v1", "FANOUT_ANTHROPIC_BASE_URL": base, "FANOUT_GEMINI_BASE_URL": base,
-        "FANOUT_BACKOFF_BASE_S": "0.01", "FANOUT_BACKOFF_MAX_S": "0.05", **env,
+        "FANOUT_BACKOFF_BASE_S": "0.01", "FANOUT_BACKOFF_MAX_S": "0.05",
+        "FANOUT_REDIS_CLUSTER": "1" if is_cluster_url(redis_url) else "0", **env,
     }
     with log.open("wb") as sink:
         process = await asyncio.create_subprocess_exec(
@@ -212,7 +216,7 @@ async def test_sigterm_after_drain_leaves_job_pending_for_reclaim(redis_url: str
             assert await _wait_exit(process) == 0
         assert (await meta(redis_client, keys, job.stream_id))["state"] == "running"  # no terminal written
         pending = await redis_client.xpending_range(keys.jobs_shard(0), "workers", min="-", max="+", count=10)
-        assert [p["message_id"].decode() for p in pending] == [entry]
+        assert [p["message_id"].decode() for p in pending] == [keys.parse_job_ref(entry)[1]]
         assert pending[0]["time_since_delivered"] >= 30_000  # released: reclaimable at once
         # Another worker takes it over at once and retries it (only stream.start was stored).
         settings = settings_for(base, redis_url, keys, lease_s=30, idle_timeout_s=0.2, max_retries=0)
