@@ -28,6 +28,7 @@ from worker.error_policy import STATUS_OF_CATEGORY, redis_error_fields, safe_mes
 from worker.lease import Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
+from worker.redis_client import REDIS_ERRORS
 from worker.settings import WorkerSettings
 from worker.storage import with_retry
 from worker.telemetry import Telemetry
@@ -116,7 +117,7 @@ class JobStorage:
         except (StreamClosedError, FencedError) as exc:
             log.warning("event=storage_end_skipped stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
             return "abandoned" if isinstance(exc, FencedError) else await self._ack_done()
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.error("event=storage_end_failed stream_id=%s %s", self.job.stream_id, redis_error_fields(exc))
             return "abandoned"
         log.error("event=stream_ended_by_storage stream_id=%s stored=%s reason=\"%s\"", self.job.stream_id,
@@ -172,7 +173,7 @@ class JobStorage:
             try:
                 outcome = await self.ctx.leases.renew(entry_id=self.entry_id, stream_id=self.job.stream_id,
                                                       token=self.token)
-            except redis.exceptions.RedisError as exc:  # keep going: the append's token check decides
+            except REDIS_ERRORS as exc:  # keep going: the append's token check decides
                 failures += 1
                 log.warning("event=lease_renew_failed stream_id=%s try=%d %s", self.job.stream_id, failures,
                             redis_error_fields(exc))
