@@ -96,7 +96,8 @@ def _redis_context(
         app[STORE] = store = Store(commands, keys, settings.read_page)
         await announce_shards(client, app[SHARDS])
         live = await node_client(client)  # classic pub/sub: one node reaches the whole cluster
-        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s)
+        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s,
+                             reconnect=lambda: node_client(client))
         await hub.start()
         yield
         await hub.close()

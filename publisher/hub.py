@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import RedisError
@@ -76,6 +76,9 @@ class Hub:
         store: Reads of stored entries (shared with the handlers).
         channel_of: Live channel name of a stream id (``Keys.live``).
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
+        reconnect: Returns a new client for the pub/sub connection after it failed (a
+            node of the current topology: :func:`worker.redis_client.node_client`); the
+            hub then subscribes every topic again on it. ``None``: keep retrying ``redis``.
     """
 
     def __init__(
@@ -84,8 +87,12 @@ class Hub:
         store: Store,
         channel_of: Callable[[str], str],
         subscribe_timeout_s: float,
+        reconnect: Callable[[], Awaitable[aioredis.Redis]] | None = None,
     ) -> None:
         self._pubsub = redis.pubsub()
+        self._reconnect = reconnect
+        self._clients: list[aioredis.Redis] = []
+        """Clients made by ``reconnect``, closed with the hub."""
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
@@ -118,6 +125,8 @@ class Hub:
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
         await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        for client in self._clients:
+            await client.aclose()
 
     def readers(self) -> list[Reader]:
         """Return every joined reader (for shutdown)."""
@@ -218,8 +227,8 @@ class Hub:
         self._barriers.clear()
 
     async def _listen(self) -> None:
-        await self._connected.wait()
         while not self._closing:
+            await self._connected.wait()
             try:
                 message = await self._pubsub.get_message(timeout=None)
             except RedisError as exc:
@@ -228,9 +237,33 @@ class Hub:
                 log.warning("pub/sub connection lost (%s); reconnecting", exc)
                 self._fail_barriers(exc)
                 await asyncio.sleep(RETRY_S)
+                await self._repoint()
                 continue
             if message is not None:
                 self._dispatch(message)
+
+    async def _repoint(self) -> None:
+        """Move the pub/sub connection to a node of the current topology and subscribe every topic again.
+
+        After a failover the old node may be gone for good; redis-py would retry its
+        address forever. Without ``reconnect`` nothing changes. A topic's ``subscribe``
+        confirmation kicks its pump (:meth:`_dispatch`), so live readers catch up on
+        what was appended meanwhile.
+        """
+        if self._reconnect is None:
+            return
+        try:
+            client = await self._reconnect()
+        except RedisError as exc:
+            log.warning("pub/sub: no node to reconnect to yet (%s)", exc)
+            return
+        self._clients.append(client)
+        old, self._pubsub = self._pubsub, client.pubsub()
+        self._connected.clear()
+        with contextlib.suppress(RedisError, OSError):
+            await old.aclose()  # type: ignore[no-untyped-call]
+        for topic in self._topics.values():
+            self._commands.put_nowait(("sub", topic.channel, b""))
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind, data = message["type"], message["data"]

@@ -9,7 +9,8 @@ known at the request's start (meta ``last_seq``; appends move meta and entries t
 is a gap too: those entries were trimmed or expired. Otherwise, when a short page shows
 the top was reached, the reader goes live (:meth:`publisher.hub.Hub.go_live`), and
 entries then come through its bounded queue. The response ends after the terminal event,
-on a gap, on queue overflow, at shutdown, and when the client takes no
+at an idle heartbeat that finds the stream ended without one (storage refused it), on a
+gap, on queue overflow, at shutdown, and when the client takes no
 :data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
 is dropped, as on overflow).
 
@@ -134,7 +135,23 @@ class Session:
             elif self.reader.closed is not None:
                 return
             elif time.monotonic() - self.last_write >= self.heartbeat_s:
+                if await self._ended_without_event():
+                    return
                 await self._write(PING)
+
+    async def _ended_without_event(self) -> bool:
+        """Whether the stream ended with no terminal event after the cursor (storage refused it).
+
+        The worker then marks meta ``state=done`` with the status instead
+        (``worker.salvage``). Checked once per idle heartbeat; the response ends, and the
+        reconnect gets 204 while the status route shows the status.
+        """
+        info = await self.store.info(self.reader.stream_id)
+        if info.terminal and self.reader.cursor >= info.last_seq:
+            log.warning("stream %s ended at seq %s without a terminal event (storage refused it)",
+                        self.reader.stream_id, info.last_seq)
+            return True
+        return False
 
     async def _send(self, entries: list[Entry], phase: str) -> bool:
         """Write the entries this reader may see in one write; return True when one ends the stream."""

@@ -11,6 +11,7 @@ Follows the Redis pages of SET, PUBLISH, PING, CLUSTER INFO and XINFO GROUPS, an
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Final
 
 import msgspec
@@ -23,11 +24,15 @@ from publisher.state import KEYS, REDIS, SETTINGS, STORE
 from publisher.tokens import Scope
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
+from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
 from worker.redis_client import REDIS_ERRORS, cluster_problems
+from worker.storage import probe_write
+
+log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S: Final = 2.0
-"""Longest wait for Redis to answer PING in ``/readyz``, seconds."""
+"""Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
 
 
 def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
@@ -119,8 +124,10 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: Redis answers, the cluster is ok, every jobs stream in use has its group.
 
-    Within :data:`READY_TIMEOUT_S`: PING, ``cluster_state:ok`` on every primary (cluster
-    mode), and ``XINFO GROUPS`` of every jobs stream in use shows ``workers``.
+    Within :data:`READY_TIMEOUT_S`: PING, a probe write (:func:`worker.storage.probe_write`,
+    ``SET P:probe 1 PX``: fails while Redis refuses writes, e.g. OOM, READONLY, MISCONF),
+    ``cluster_state:ok`` on every primary (cluster mode), and ``XINFO GROUPS`` of every
+    jobs stream in use shows ``workers``.
 
     Raises:
         ProblemError: 503 ``redis-unavailable`` naming what failed.
@@ -129,10 +136,13 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
             await redis.ping()
-            problems = await cluster_problems(redis)
+            written = await probe_write(redis, keys.probe, timeout_s=READY_TIMEOUT_S)
+            problems = [written] if written else []
+            problems += await cluster_problems(redis)
             missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
     except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
-        raise ProblemError("redis-unavailable", f"Redis does not answer: {type(exc).__name__}: {exc}") from exc
+        detail = f"Redis does not answer: {type(exc).__name__}: {safe_message(str(exc))}"
+        raise ProblemError("redis-unavailable", detail) from exc
     if missing:
         problems.append(f"jobs streams without the 'workers' group (Redis lost its data?): {', '.join(missing)}")
     if problems:

@@ -206,6 +206,8 @@ class Store:
         while True:
             raw = await self._xrange(stream_id, cursor, self.page)
             for entry_id, fields in raw:
+                if not _ours(stream_id, entry_id):
+                    return  # a foreign id sorts above every 0-<seq>: nothing of ours follows
                 cursor = seq_of(entry_id)
                 if EVENT_FIELD in fields:
                     yield cursor, fields[EVENT_FIELD]

@@ -18,10 +18,11 @@ the others live next to the only code that raises them and name their module.
     │   ├── TokenInvalidError         publisher.tokens: malformed read token or bad signature
     │   └── TokenExpiredError         publisher.tokens: a well-signed read token past its ``exp``
     ├── InternalError                 * our bug, or Redis unreachable
-    │   └── AppendRefusedError        * the append script refused a batch; nothing of it was stored (worker)
-    │       ├── FencedError           * another worker took the stream (meta ``token`` moved on)
-    │       ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
-    │       └── StreamClosedError     * the stream already has its terminal event
+    │   ├── AppendRefusedError        * the append script refused a batch; nothing of it was stored (worker)
+    │   │   ├── FencedError           * another worker took the stream (meta ``token`` moved on)
+    │   │   ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
+    │   │   └── StreamClosedError     * the stream already has its terminal event
+    │   └── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
     ├── CommandError                  schema.cli: a user mistake a command reports as one line and an exit status
     └── StreamUnavailableError        publisher.client: the publisher refused a stream (404, 410, 401/403)
@@ -172,3 +173,20 @@ class SeqConflictError(AppendRefusedError):
 
 class StreamClosedError(AppendRefusedError):
     """The stream already has its terminal event; nothing may follow it. Ack the job."""
+
+
+class StorageRefusedError(InternalError):
+    """Redis refused one of the stream's writes for good: end the stream ``failed``/``internal``.
+
+    Raised for ``WRONGTYPE`` on one of the stream's keys, an ``XADD 0-<seq>`` below a
+    foreign entry, or out of memory lasting past the write's retry window. The job
+    stores what it still can (the terminal event, else a terminal status in meta and
+    tombstone) and is acked, so it never loops.
+
+    Attributes:
+        reason: Short, user-safe cause (names Redis, never a key or a value).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

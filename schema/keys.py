@@ -19,6 +19,7 @@ key                            type      content
 ``P:{id}:tomb``                hash      ``last_seq``, ``status`` kept after the events expire
 ``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
 ``P:cancels``                  channel   PUBLISH of a stream id whose cancel was requested
+``P:probe``                    string    readiness write probe (``SET ... PX``), short-lived
 =============================  ========  ===================================================
 
 Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` default
@@ -112,6 +113,9 @@ META_FIELDS: Final = {
     "ended_ms": "terminal event time",
     "body_hash": "hash of the submitted body, for idempotent resubmission",
     "job_id": "entry id of the job in the jobs stream (set after the XADD, and again at every claim)",
+    "batch": "random id of the last stored batch (an append retried after a lost reply finds it: landed)",
+    "error_category": "set only when storage refused the terminal event: the terminal's error category",
+    "error_message": "set only when storage refused the terminal event: the terminal's error message",
 }
 """Fields of the ``meta`` hash and what they hold."""
 
@@ -134,6 +138,8 @@ class Keys:
         """The capped stream of finished-stream summaries."""
         self.cancels = f"{prefix}:cancels"
         """Channel announcing cancel requests (payload: stream id)."""
+        self.probe = f"{prefix}:probe"
+        """Key the readiness checks write (``SET ... PX``) to prove Redis takes writes."""
 
     def jobs_shard(self, shard: int) -> str:
         """Key of jobs stream ``shard`` (``P:jobs:{<n>}``: the hash tag spreads shards over slots)."""

@@ -28,6 +28,17 @@ already stored by the script, and a reclaiming worker finds the stream done and 
 acks it. A failed summary ``XADD`` is logged (``event=summary_lost``) and not raised,
 because the terminal event is stored and the job must be acked.
 
+Redis faults: each script call is retried by :func:`worker.storage.with_retry` (connection
+errors, timeouts, ``LOADING``/``TRYAGAIN``/``CLUSTERDOWN``/``MASTERDOWN``/``READONLY``,
+and ``OOM``/``MISCONF`` within the window); redis-py itself may also resend a command
+after a connection error. A resent call may find its first try applied. The fenced seq
+check alone would then answer ``seq`` (``last_seq`` = the batch's last seq), which a
+second writer holding the same token would get too; so each batch carries a random id
+that the script keeps in meta ``batch``, and a call whose id is already there answers
+``landed`` (after the token check): this very batch is stored, which is success. Refusals
+that can never succeed raise :class:`~schema.errors.StorageRefusedError`; the job then
+ends the stream through :meth:`StreamWriter.end_refused` (:mod:`worker.salvage`).
+
 Layout and protocol: :mod:`schema.keys`. Redis command pages followed: EVALSHA, XADD, HSET,
 EXPIRE, PUBLISH. The refusals (:class:`AppendRefusedError` and its subclasses) are defined
 in :mod:`schema.errors` and re-exported here.
@@ -35,16 +46,30 @@ in :mod:`schema.errors` and re-exported here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
-from schema.errors import AppendRefusedError, FencedError, InternalError, SeqConflictError, StreamClosedError
+from schema.errors import (
+    AppendRefusedError,
+    FencedError,
+    InternalError,
+    SeqConflictError,
+    StorageRefusedError,
+    StreamClosedError,
+)
 from schema.keys import Keys
+from worker.error_policy import redis_error_fields
 from worker.redis_client import RedisClient
+from worker.salvage import Salvage
+from worker.storage import RetryPolicy, wait_replicated, with_retry
+from worker.summary import summary_fields
 
 __all__ = [
     "APPEND_LUA",
@@ -52,6 +77,7 @@ __all__ = [
     "Appender",
     "FencedError",
     "SeqConflictError",
+    "StorageRefusedError",
     "StreamClosedError",
     "StreamWriter",
     "summary_fields",
@@ -60,22 +86,24 @@ __all__ = [
 log = logging.getLogger("fanout.worker.appender")
 
 APPEND_LUA: Final = """
-local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state')
+local n = tonumber(ARGV[7])
+local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
+if meta[4] == ARGV[8 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
 if last + 1 ~= first then return {'seq', tostring(last)} end
-local n = tonumber(ARGV[7])
 for i = 1, n do
   redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[7 + i])
 end
 local new_last = first + n - 1
 local status = ARGV[3]
 if status == '' then
-  redis.call('HSET', KEYS[2], 'last_seq', new_last)
+  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[8 + n])
 else
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'state', 'done', 'status', status, 'ended_ms', ARGV[4])
+  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[8 + n], 'state', 'done', 'status', status,
+    'ended_ms', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   redis.call('EXPIRE', KEYS[2], ARGV[5])
   redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', status)
@@ -86,40 +114,8 @@ return {'ok', tostring(new_last)}
 """
 """The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
 ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
-tombstone_ttl_s, n, then the n event JSONs."""
-
-
-def summary_fields(
-    terminal: StreamDone | StreamError,
-    *,
-    provider: str,
-    model: str,
-    started_ms: int,
-    first_delta_ms: int | None,
-) -> list[str]:
-    """Return the flat field/value list XADDed to ``P:done`` for a finished stream.
-
-    Fields: ``stream_id provider model status finish_reason error_category input_tokens
-    output_tokens cached_input_tokens reasoning_tokens events ttfd_ms duration_ms
-    ended_ms``; unknown values are empty strings. ``events`` is the terminal's seq;
-    ``ttfd_ms`` (first ``block.delta``) and ``duration_ms`` (terminal) are measured from
-    ``started_ms``, the stream's first claim.
-    """
-    usage = terminal.usage
-    fields: dict[str, object] = {
-        "stream_id": terminal.stream_id, "provider": provider, "model": model,
-        "status": terminal.status, "finish_reason": terminal.finish_reason,
-        "error_category": terminal.error.category if isinstance(terminal, StreamError) else None,
-        "input_tokens": usage.input_tokens if usage else None,
-        "output_tokens": usage.output_tokens if usage else None,
-        "cached_input_tokens": usage.cached_input_tokens if usage else None,
-        "reasoning_tokens": usage.reasoning_tokens if usage else None,
-        "events": terminal.seq,
-        "ttfd_ms": first_delta_ms - started_ms if first_delta_ms is not None and started_ms else None,
-        "duration_ms": terminal.ts - started_ms if started_ms else None,
-        "ended_ms": terminal.ts,
-    }
-    return [part for name, value in fields.items() for part in (name, "" if value is None else str(value))]
+tombstone_ttl_s, n, then the n event JSONs, then the batch id (random, one per batch,
+kept in meta ``batch``: a retried call finds its own batch stored and answers ``landed``)."""
 
 
 class Appender:
@@ -131,17 +127,45 @@ class Appender:
         stream_ttl_s: TTL of a finished stream's events and meta.
         tombstone_ttl_s: TTL of its tombstone.
         done_maxlen: Approximate cap of the summaries stream.
+        retry: Retry of failed script calls (:mod:`worker.storage`).
+        wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
+        wait_ms: Longest such ``WAIT``, ms.
     """
 
     def __init__(
         self, redis: RedisClient, keys: Keys, *, stream_ttl_s: int = 86_400,
-        tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000,
+        tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
+        on_retry: Callable[[BaseException], None] | None = None,
+        wait_replicas: int = 0, wait_ms: int = 1000,
     ) -> None:
         self.redis, self.keys = redis, keys
         self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s))
         """``stream_ttl_s`` and ``tombstone_ttl_s`` as script arguments."""
         self.done_maxlen = done_maxlen
+        self.retry = retry or RetryPolicy()
+        self.on_retry = on_retry
+        """Called with the Redis error before each retried script call (a metric)."""
+        self.wait = (wait_replicas, wait_ms)
+        """``WAIT`` after a terminal: (replicas, timeout ms)."""
         self.script: AsyncScript = redis.register_script(APPEND_LUA)
+        self.salvage = Salvage(redis, keys, self.ttls)
+
+    async def replicate_terminal(self, stream_id: str) -> None:
+        """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`worker.storage.wait_replicated`).
+
+        A short count or a Redis error is logged (``event=terminal_unreplicated``), not raised.
+        """
+        replicas, timeout_ms = self.wait
+        if not replicas:
+            return
+        try:
+            acked = await wait_replicated(self.redis, self.keys.meta(stream_id), replicas=replicas,
+                                          timeout_ms=timeout_ms)
+        except redis.exceptions.RedisError as exc:
+            log.warning("event=terminal_unreplicated stream_id=%s %s", stream_id, redis_error_fields(exc))
+            return
+        if acked < replicas:
+            log.warning("event=terminal_unreplicated stream_id=%s replicas=%d wanted=%d", stream_id, acked, replicas)
 
     async def write_summary(self, stream_id: str, fields: list[str]) -> bool:
         """``XADD <done> MAXLEN ~ <done_maxlen> *`` one finished-stream summary (its own slot).
@@ -154,7 +178,7 @@ class Appender:
             await self.redis.xadd(self.keys.done, dict(zip(fields[::2], fields[1::2], strict=True)),
                                   maxlen=self.done_maxlen, approximate=True)
         except redis.exceptions.RedisError as exc:
-            log.warning("event=summary_lost stream_id=%s error=%s", stream_id, type(exc).__name__)
+            log.warning("event=summary_lost stream_id=%s %s", stream_id, redis_error_fields(exc))
             return False
         return True
 
@@ -190,6 +214,8 @@ class StreamWriter:
         """``ts`` of the first ``block.delta`` this writer stored."""
         self.terminal: StreamDone | StreamError | None = None
         """The terminal event once this writer stored it."""
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        """Waits between retries; the job sets one that stops when it is fenced or shut down."""
 
     def _argv(self, events: list[Event]) -> list[Any]:
         terminal = events[-1] if is_terminal(events[-1]) else None
@@ -200,7 +226,8 @@ class StreamWriter:
             head += [terminal.status, str(terminal.ts)]
         else:
             head += ["", ""]
-        return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events)]
+        return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events),
+                secrets.token_hex(8)]
 
     async def append(self, events: list[Event]) -> int:
         """Store ``events`` (one batch, seq order, consecutive) with one script call.
@@ -222,29 +249,93 @@ class StreamWriter:
             StreamClosedError: The stream already ended. Stop; ack the job.
             SeqConflictError: Redis holds another ``last_seq``. Stop writing this stream.
             InternalError: A terminal event not last in the batch.
-            redis.exceptions.RedisError: Redis unreachable during the script call; the batch
-                may or may not be stored.
+            StorageRefusedError: Redis refused the batch for good (module docstring).
+            redis.exceptions.RedisError: Redis still unreachable at the end of the retry
+                window; the batch may or may not be stored.
         """
         if not events:
             return self.last_seq
-        keys, sid = self._appender.keys, self.stream_id
-        reply = await self._appender.script(
-            keys=[keys.events(sid), keys.meta(sid), keys.tomb(sid), keys.live(sid)],
-            args=self._argv(events),
-        )
-        code, detail = (part.decode() if isinstance(part, bytes) else str(part) for part in reply)
-        if code != "ok":
+        keys, sid, argv = self._appender.keys, self.stream_id, self._argv(events)
+
+        async def call() -> tuple[str, str]:
+            reply = await self._appender.script(
+                keys=[keys.events(sid), keys.meta(sid), keys.tomb(sid), keys.live(sid)], args=argv)
+            return _text(reply[0]), _text(reply[1])
+
+        code, detail = await with_retry(call, policy=self._appender.retry, sleep=self.sleep, what="append",
+                                           on_retry=self._appender.on_retry,
+                                        stream_id=sid)
+        self._accept(events, code, detail)
+        await self._stored(events)
+        return self.last_seq
+
+    def _accept(self, events: list[Event], code: str, detail: str) -> None:
+        """Take the script's answer: ``ok``, or ``landed`` (a retry found this very batch stored)."""
+        if code == "landed":
+            log.info("event=append_already_stored stream_id=%s last_seq=%s", self.stream_id, detail)
+        elif code != "ok":
             raise _refusal(code, detail, self.stream_id)
         self.last_seq = int(detail)
+
+    async def _stored(self, events: list[Event]) -> None:
+        sid = self.stream_id
         if self.first_delta_ms is None:
             self.first_delta_ms = _first_delta_ts(events)
         last = events[-1]
         if isinstance(last, StreamDone | StreamError):
             self.terminal = last
+            await self._appender.replicate_terminal(sid)
             await self._appender.write_summary(sid, summary_fields(
                 last, provider=self.provider, model=self.model, started_ms=self.started_ms,
                 first_delta_ms=self.first_delta_ms))
-        return self.last_seq
+
+    async def end_refused(self, events: list[StreamError | Event], *, jump: bool = False) -> str:
+        """End the stream after a :class:`StorageRefusedError`: store ``events``, else mark meta.
+
+        Args:
+            events: The terminal batch: one ``stream.error`` continuing :attr:`last_seq`
+                (after a ``stream.start`` when nothing is stored).
+            jump: Redis lost events this writer stored (meta ``last_seq`` is below
+                :attr:`last_seq`): store the terminal after :attr:`last_seq` anyway
+                (:data:`worker.salvage.TERMINAL_LUA`).
+
+        Returns:
+            ``event`` (the terminal event is stored), ``marked`` (meta and tombstone carry
+            the terminal status; no event) or ``none`` (nothing could be stored).
+
+        Raises:
+            FencedError, StreamClosedError: Another owner, or already ended.
+            redis.exceptions.RedisError: Redis unreachable past the retry window.
+        """
+        salvage, sid, argv = self._appender.salvage, self.stream_id, [*self._argv(events), "jump" if jump else ""]
+        code, detail = await self._salvage_call(lambda: salvage.terminal(sid, argv, self._appender.script))
+        if code is not None:
+            self._accept(events, code, detail)
+            await self._stored(events)
+            return "event"
+        terminal = events[-1]
+        assert isinstance(terminal, StreamError)
+        code, detail = await self._salvage_call(lambda: salvage.mark(
+            sid, token=self.token, status=terminal.status, ended_ms=terminal.ts, category=terminal.error.category,
+            message=terminal.error.message))
+        if code is None:
+            return "none"
+        if code != "ok":
+            raise _refusal(code, detail, sid)
+        return "marked"
+
+    async def _salvage_call(self, call: Callable[[], Awaitable[tuple[str, str]]]) -> tuple[str | None, str]:
+        """Run one salvage script with retries; ``(None, '')`` when Redis refuses it for good."""
+        try:
+            return await with_retry(call, policy=self._appender.retry, sleep=self.sleep, what="terminal",
+                                    on_retry=self._appender.on_retry,
+                                    stream_id=self.stream_id)
+        except StorageRefusedError:
+            return None, ""
+
+
+def _text(part: Any) -> str:
+    return part.decode() if isinstance(part, bytes) else str(part)
 
 
 def _first_delta_ts(events: list[Event]) -> int | None:

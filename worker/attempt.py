@@ -136,9 +136,9 @@ class Attempt:
                 await host.deliver(pipeline, pipeline.fail(exc))
                 return
             events = pipeline.feed(chunk) if chunk else pipeline.finish()
-            if events:
-                progress_at = time.monotonic() + settings.progress_timeout_s
             await host.deliver(pipeline, events)
+            if events:  # counted after the store, so time waiting out a Redis fault is not the provider's
+                progress_at = time.monotonic() + settings.progress_timeout_s
             if pipeline.terminal is not None or not chunk:
                 return
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import redis.exceptions
 
 from schema.keys import Keys
+from worker.error_policy import redis_error_fields
 from worker.redis_client import RedisClient, node_client
 
 log = logging.getLogger("fanout.worker.cancel")
@@ -57,7 +58,7 @@ class CancelListener:
                     self._dispatch(message)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 self.ready.clear()
-                log.warning("event=cancel_subscription_lost error=%s message=%r", type(exc).__name__, str(exc))
+                log.warning("event=cancel_subscription_lost %s", redis_error_fields(exc))
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]

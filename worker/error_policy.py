@@ -52,3 +52,14 @@ def safe_message(text: str) -> str:
     """Return ``text`` with credentials masked and cut to :data:`MAX_MESSAGE_CHARS`."""
     masked = _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", text)
     return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def redis_error_fields(exc: BaseException) -> str:
+    """Return ``error=<class> message="<text>"`` for a log line: the server's message, masked and quoted.
+
+    The text is :func:`safe_message` of ``str(exc)`` (credentials masked, cut), with
+    backslashes, double quotes and line breaks escaped so the key=value line stays one line.
+    """
+    text = safe_message(str(exc)).replace("\\", "\\\\").replace('"', '\\"')
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return f'error={type(exc).__name__} message="{text}"'

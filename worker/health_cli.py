@@ -1,7 +1,9 @@
 """``fanout health``: the container health check (Docker ``HEALTHCHECK``, Kubernetes exec probes).
 
 Exit 0 when, within the timeout, Redis (``REDIS_URL``, a cluster seed with
-``FANOUT_REDIS_CLUSTER=1``) answers PING, every cluster primary reports
+``FANOUT_REDIS_CLUSTER=1``) answers PING and takes a probe write (``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``,
+:func:`worker.storage.probe_write`: fails while Redis refuses writes, e.g. ``OOM``,
+``READONLY``, ``MISCONF``), every cluster primary reports
 ``cluster_state:ok`` (cluster mode), every jobs stream in use (``FANOUT_JOB_SHARDS``, the
 recorded shard counts, ``FANOUT_REDIS_PREFIX``) has its ``workers`` consumer group, and,
 when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
@@ -23,9 +25,11 @@ import aiohttp
 from schema.cli import check_redis_url, redact_url
 from schema.keys import Keys
 from schema.settings import SettingsError
+from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
 from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_problems, connect
 from worker.settings import load_worker_settings
+from worker.storage import probe_write
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -65,14 +69,16 @@ async def redis_problems(timeout_s: float) -> list[str]:
     try:
         async with asyncio.timeout(timeout_s * 3):
             await client.ping()
-            problems = [f"redis cluster: {p}" for p in await cluster_problems(client)]
             keys = Keys(settings.redis_prefix)
+            written = await probe_write(client, keys.probe, timeout_s=timeout_s)
+            problems = [f"redis: {written}"] if written else []
+            problems += [f"redis cluster: {p}" for p in await cluster_problems(client)]
             streams = await streams_in_use(client, keys, settings.job_shards)
             problems += [f"redis: jobs stream {s} has no consumer group 'workers' (Redis lost its data?)"
                          for s in await missing_groups(client, streams)]
             return problems
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
-        return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {exc}"]
+        return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {safe_message(str(exc))}"]
     finally:
         await client.aclose()
 

@@ -19,6 +19,16 @@ or the provider's ``Retry-After`` capped at ``retry_after_max_s``) only while no
 ``cancel`` writes ``cancelled``; ``fenced``, ``lost`` and ``shutdown`` write nothing and
 leave the job pending for the next owner. The job is XACKed only after its terminal event
 is stored (or found stored).
+
+Redis faults (:mod:`worker.storage`): appends, the terminal write and the ack are retried
+within ``FANOUT_APPEND_RETRY_S`` (at most the lease); lease renewals that fail are tried
+again every ``FANOUT_APPEND_RETRY_MAX_DELAY_S`` at most and never stop the job by
+themselves (fencing at the append is the guarantee). A write Redis refuses for good
+(:class:`~schema.errors.StorageRefusedError`), and a stream claimed more than
+``FANOUT_MAX_CLAIMS`` times, end the stream ``failed``/``internal`` with a message naming
+storage (:meth:`StreamWriter.end_refused`: the event if Redis takes it, else the
+terminal status in meta and tombstone); the job is acked either way, so it never loops.
+A claim Redis refuses for good (``WRONGTYPE`` on meta) is acked too.
 """
 
 from __future__ import annotations
@@ -27,57 +37,30 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
 
-import aiohttp
 import redis.exceptions
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
-from schema.contract import ErrorInfo, Event, StreamDone, StreamError
-from schema.errors import FanoutError
+from schema.contract import Event, StreamError
+from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
-from worker.appender import Appender, FencedError, SeqConflictError, StreamClosedError, StreamWriter
+from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
-from worker.error_policy import STATUS_OF_CATEGORY, safe_message
-from worker.lease import Claim, Leases
-from worker.normalizer import Normalizer
+from worker.error_policy import redis_error_fields
+from worker.job_storage import JobContext, JobStorage, Outcome
+from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
-from worker.settings import WorkerSettings
-from worker.telemetry import Telemetry
-from worker.upstream import Credentials, UpstreamRequest, build_request
+from worker.redis_client import REDIS_ERRORS
+from worker.storage import fault_kind
+from worker.upstream import UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
 
-Outcome = Literal["done", "skipped", "abandoned"]
-"""``done``: terminal stored and acked; ``skipped``: already finished, acked;
-``abandoned``: stopped without a terminal, left pending for another owner."""
+__all__ = ["JobContext", "JobRun", "Outcome"]
 
 
-class JobContext:
-    """What every job of one worker process shares.
-
-    Args:
-        settings: The worker's settings.
-        appender: Fenced appends.
-        leases: Claims, renewals, acks.
-        session: The aiohttp client session for providers.
-        credentials: Provider API keys.
-        telemetry: Spans and metrics.
-        clock_ms: Wall clock in ms since the epoch (event ``ts``).
-    """
-
-    def __init__(
-        self, *, settings: WorkerSettings, appender: Appender, leases: Leases, session: aiohttp.ClientSession,
-        credentials: Credentials, telemetry: Telemetry, clock_ms: Callable[[], int] | None = None,
-    ) -> None:
-        self.settings, self.appender, self.leases, self.session = settings, appender, leases, session
-        self.credentials, self.telemetry = credentials, telemetry
-        self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
-
-
-class JobRun:
+class JobRun(JobStorage):
     """Runs one claimed job; :meth:`stop` may be called from outside at any time.
 
     Args:
@@ -98,10 +81,6 @@ class JobRun:
         self._claim_ms = 0
         self._attempts = 0
 
-    def stop(self, reason: Literal["cancel", "fenced", "lost", "shutdown"]) -> None:
-        """Stop the job: abort its upstream request; ``cancel`` then writes ``cancelled``."""
-        self.stopper.stop(reason)
-
     async def run(self) -> Outcome:
         """Claim the stream and run the job to its outcome.
 
@@ -110,15 +89,23 @@ class JobRun:
         """
         job = self.job
         self._claim_ms = self.ctx.clock_ms()
-        claim = await self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
-                                            entry_id=self.entry_id, now_ms=self._claim_ms)
+        try:
+            claim = await self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
+                                                entry_id=self.entry_id, now_ms=self._claim_ms)
+        except redis.exceptions.ResponseError as exc:
+            if fault_kind(exc) != "permanent":
+                raise
+            log.error("event=claim_refused stream_id=%s action=ack %s", job.stream_id, redis_error_fields(exc))
+            await self._ack()
+            return "skipped"
         if claim.done:
-            await self.ctx.leases.ack(self.entry_id)
+            await self._ack()
             self.telemetry.job_ended("skipped")
             return "skipped"
         self.token = claim.token
         self.writer = self.ctx.appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq,
                                                provider=job.provider, model=job.model, started_ms=claim.started_ms)
+        self.writer.sleep = self._storage_sleep
         lease = asyncio.create_task(self._keep_lease())
         with self.telemetry.job_span(job) as span, self.telemetry.job_running():
             try:
@@ -145,23 +132,32 @@ class JobRun:
                 await self._write_error(FanoutError("the client cancelled the stream", category="cancelled"))
         except StreamClosedError:
             pass  # finished by someone else: nothing may follow its terminal
-        except (FencedError, SeqConflictError) as exc:
-            log.warning("event=append_refused stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
+        except SeqConflictError as exc:
+            if self.writer is not None and exc.stored_seq < self.writer.last_seq:
+                return await self._end_after_loss(exc.stored_seq)
+            log.warning("event=append_refused stream_id=%s error=SeqConflictError message=\"%s\"", self.job.stream_id,
+                        exc)
             return "abandoned"
-        except redis.exceptions.RedisError as exc:
+        except FencedError as exc:
+            log.warning("event=append_refused stream_id=%s error=%s message=\"%s\"", self.job.stream_id,
+                        type(exc).__name__, exc)
+            return "abandoned"
+        except StorageRefusedError as exc:
+            return await self._end_refused(exc.reason)
+        except REDIS_ERRORS as exc:
             self.telemetry.redis_error(exc)
-            log.error("event=redis_error stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
+            log.error("event=redis_error stream_id=%s action=leave_pending %s", self.job.stream_id,
+                      redis_error_fields(exc))
             return "abandoned"
         except Exception:
             log.exception("event=job_crashed stream_id=%s", self.job.stream_id)
             return await self._write_internal_error()
-        await self.ctx.leases.ack(self.entry_id)
-        return "done"
+        return await self._ack_done()
 
     async def _write_internal_error(self) -> Outcome:
         try:
             await self._write_error(FanoutError("internal error in the worker", category="internal"))
-            await self.ctx.leases.ack(self.entry_id)
+            await self._ack()
         except Exception:  # Redis or the writer is unusable: leave the job to be reclaimed
             log.exception("event=internal_error_unwritten stream_id=%s", self.job.stream_id)
             return "abandoned"
@@ -170,6 +166,10 @@ class JobRun:
     async def _body(self, claim: Claim) -> None:
         if await self.ctx.leases.is_cancelled(self.job.stream_id):
             raise Stopped("cancel")
+        if self.token > self.settings.max_claims:
+            raise StorageRefusedError("claimed too often", reason=(
+                f"the stream was claimed {self.token} times without finishing (limit FANOUT_MAX_CLAIMS="
+                f"{self.settings.max_claims})"))
         if claim.last_seq >= 2:
             message = "the worker running this stream stopped mid-output"
             await self._write_error(FanoutError(message, category="worker_lost", retryable=True))
@@ -245,60 +245,3 @@ class JobRun:
                 and pipeline.adapter.norm.deltas_emitted == 0):
             raise RetryAttempt(events, last.error, retry_after_s)
         await self._append(events)
-
-    async def _append(self, events: list[Event]) -> None:
-        assert self.writer is not None
-        had_delta = self.writer.first_delta_ms is not None
-        await self.writer.append(events)
-        if not events:
-            return
-        provider = self.job.provider
-        self.telemetry.events_appended(len(events), provider)
-        if not had_delta and self.writer.first_delta_ms is not None:
-            self.telemetry.first_delta(self.writer.first_delta_ms - self._claim_ms, provider)
-        last = events[-1]
-        if isinstance(last, StreamDone | StreamError):
-            category = last.error.category if isinstance(last, StreamError) else None
-            self.telemetry.terminal(provider=provider, status=last.status, category=category)
-            self.telemetry.duration(last.ts - self._claim_ms, provider, last.status)
-
-    async def _write_error(self, error: FanoutError) -> None:
-        assert self.writer is not None
-        if self.writer.terminal is None:
-            await self._append(self._error_events(error))
-
-    def _error_events(self, error: FanoutError) -> list[Event]:
-        assert self.writer is not None
-        if self.writer.last_seq == 0:  # no adapter: the job's provider may be one this worker lacks
-            job = self.job
-            norm = Normalizer(stream_id=job.stream_id, provider=job.provider, model=job.model, clock=self.ctx.clock_ms,
-                              metadata=job.metadata, reasoning_visibility=job.reasoning_visibility)
-            norm.start()
-            norm.fail(category=error.category, message=error.message, retryable=error.retryable)
-            return norm.take()
-        info = ErrorInfo(category=error.category, retryable=error.retryable, provider_code=None,
-                         message=safe_message(error.message))
-        usage = self._pipeline.adapter.norm.usage if self._pipeline else None
-        return [StreamError(
-            stream_id=self.job.stream_id, seq=self.writer.last_seq + 1, ts=self.ctx.clock_ms(),
-            status=STATUS_OF_CATEGORY.get(error.category, "failed"), error=info, usage=usage, finish_reason=None,
-        )]
-
-    # -- lease ------------------------------------------------------------------
-
-    async def _keep_lease(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.lease_renew_s)
-            try:
-                outcome = await self.ctx.leases.renew(entry_id=self.entry_id, stream_id=self.job.stream_id,
-                                                      token=self.token)
-            except redis.exceptions.RedisError as exc:
-                self.telemetry.redis_error(exc)
-                log.warning("event=lease_renew_failed stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
-                continue
-            if outcome == "cancel":
-                self.stop("cancel")
-            elif outcome != "ok":
-                log.warning("event=lease_lost stream_id=%s outcome=%s", self.job.stream_id, outcome)
-                self.stop(outcome)
-                return

@@ -37,12 +37,14 @@ import redis.exceptions
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
+from worker.error_policy import redis_error_fields
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.redis_client import RedisClient
 from worker.settings import WorkerSettings
+from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 
@@ -86,11 +88,15 @@ class Worker:
     ) -> Worker:
         """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
         name = consumer or consumer_name()
+        retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
+                            max_delay_s=settings.append_retry_max_delay_s)
+        telemetry = telemetry or Telemetry()
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
-                            done_maxlen=settings.done_maxlen)
+                            done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
+                            wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
-            session=session, credentials=credentials or Credentials(), telemetry=telemetry or Telemetry(),
+            session=session, credentials=credentials or Credentials(), telemetry=telemetry,
             clock_ms=clock_ms,
         )
         return cls(redis, keys, ctx)
@@ -148,7 +154,7 @@ class Worker:
                 entries = await self._next_entries(stream)
             except redis.exceptions.RedisError as exc:
                 self.ctx.telemetry.redis_error(exc)
-                log.error("event=intake_failed stream=%s error=%s message=%r", stream, type(exc).__name__, str(exc))
+                log.error("event=intake_failed stream=%s %s", stream, redis_error_fields(exc))
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
             for entry in entries:
@@ -201,8 +207,7 @@ class Worker:
             outcome = await run.run()
         except redis.exceptions.RedisError as exc:
             self.ctx.telemetry.redis_error(exc)
-            log.error("event=job_redis_error stream_id=%s error=%s message=%r", run.job.stream_id, type(exc).__name__,
-                      str(exc))
+            log.error("event=job_redis_error stream_id=%s %s", run.job.stream_id, redis_error_fields(exc))
         except Exception:
             log.exception("event=job_failed stream_id=%s", run.job.stream_id)
         finally:

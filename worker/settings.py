@@ -59,6 +59,23 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: _Positive = 30.0
     """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle
     longer is reclaimed by ``XAUTOCLAIM``."""
+    append_retry_s: _NonNegative = 30.0
+    """How long a write to Redis (append, terminal, ack) that failed on a connection error,
+    timeout, ``LOADING``/``TRYAGAIN``/``CLUSTERDOWN``/``MASTERDOWN``/``READONLY``, ``OOM`` or
+    ``MISCONF`` is tried again, seconds; capped by ``lease_s`` (:attr:`append_retry_window_s`).
+    ``OOM``/``MISCONF`` lasting longer end the stream ``failed``/``internal``."""
+    append_retry_base_s: _Positive = 0.05
+    """First backoff window of those retries; doubles per try (full jitter)."""
+    append_retry_max_delay_s: _Positive = 1.0
+    """Longest single wait between two tries of a failed write."""
+    terminal_wait_replicas: Annotated[int, msgspec.Meta(ge=0, le=16)] = 0
+    """After a stream's terminal event is stored and before its job is acked, ``WAIT`` for this
+    many replicas of the stream's primary (0: no ``WAIT``); set 1 with replicas (Cluster)."""
+    terminal_wait_ms: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    """Longest ``WAIT`` of that check, ms; the job is acked afterwards either way."""
+    max_claims: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
+    """A stream claimed more often than this (meta ``token``: every claim or reclaim counts)
+    is ended ``failed``/``internal`` instead of being run again."""
     drain_s: _NonNegative = 25.0
     """After SIGTERM, how long running streams may go on before they are stopped unwritten."""
     stream_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 86_400
@@ -86,6 +103,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``
     and ``fanout.jobs.lag`` gauges, seconds; only while metrics are exported. The ``OTEL_*``
     variables are read by :mod:`worker.otel_setup`, not here."""
+
+    @property
+    def append_retry_window_s(self) -> float:
+        """The retry window of a failed write: ``append_retry_s``, at most ``lease_s``."""
+        return min(self.append_retry_s, self.lease_s)
 
     @property
     def lease_renew_s(self) -> float:

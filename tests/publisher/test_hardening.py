@@ -106,11 +106,20 @@ async def test_tombstone_with_a_corrupt_last_seq_is_410_history_expired(ctx):
 async def test_unexpected_error_is_a_500_problem_document(ctx):
     writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
     await writer.append(start(ctx.sid))
-    await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": b'{"type":"x"}'}, id="7-1")  # not a 0-<seq> id
+    await ctx.redis.hset(ctx.keys.meta(ctx.sid), "created_ms", "not-a-number")  # corrupt state: a bug to surface
     async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}"), headers=bearer(token_for(ctx.sid))) as resp:
         assert resp.status == 500
         assert resp.content_type == PROBLEM
         assert (await resp.json())["type"] == problem_type("internal")
+
+
+async def test_status_of_a_stream_with_a_foreign_entry_skips_it(ctx):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(start(ctx.sid))
+    await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": b'{"type":"x"}'}, id="7-1")  # not a 0-<seq> id
+    async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}"), headers=bearer(token_for(ctx.sid))) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["last_seq"] == 1
 
 
 async def test_reader_gets_a_gap_frame_when_meta_promises_events_that_are_gone(ctx):

@@ -36,7 +36,7 @@ from redis.crc import key_slot
 
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings
-from schema.contract import StreamStart
+from schema.contract import ErrorInfo, StreamError, StreamStart
 from schema.keys import JOBS_GROUP, Keys
 from tests.worker.support import (
     fake_upstream,
@@ -287,6 +287,18 @@ async def _run_everything(redis_url: str, keys: Keys, client: aioredis.Redis) ->
     assert await leases.renew(entry_id=entry, stream_id=job.stream_id, token=claim.token) == "cancel"
     assert await leases.release(entry_id=entry, stream_id=job.stream_id, token=claim.token)
     assert await leases.release(entry_id=entry)
+
+    # The salvage scripts: a terminal stored past a refusal, then a terminal status without an event.
+    for foreign, stored in ((False, "event"), (True, "marked")):
+        job = make_job("openai_chat", "m")
+        if foreign:
+            await client.xadd(keys.events(job.stream_id), {"x": "1"}, id="5-1")
+        claim = await leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id="1-1",
+                                   now_ms=int(time.time() * 1000))
+        writer = Appender(client, keys).writer(job.stream_id, token=claim.token, last_seq=claim.last_seq)
+        error = StreamError(stream_id=job.stream_id, seq=1, ts=1, status="failed", usage=None, finish_reason=None,
+                            error=ErrorInfo(category="internal", retryable=False, message="storage error"))
+        assert await writer.end_refused([error]) == stored
 
 
 async def test_every_script_call_passes_keys_of_one_slot(redis_url: str, keys: Keys, redis_client: aioredis.Redis,

@@ -1,0 +1,173 @@
+"""Readiness under Redis write refusals, ``fanout health``, and readers of a stream storage ended.
+
+Servers that are filled or turned into replicas are private ones (:mod:`tests.worker.redis_proc`),
+never the shared Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from publisher.app import RUNNER_KWARGS, create_app
+from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart
+from schema.keys import Keys
+from tests.publisher.helpers import API_KEY, make_settings
+from tests.worker.redis_proc import RedisProcess, private_redis
+from worker.appender import Appender
+from worker.lease import Leases
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD_S = 15.0
+BALLAST_BYTES = 4 << 20
+
+
+@contextlib.asynccontextmanager
+async def _publisher(redis_url: str, keys: Keys, **settings: object) -> AsyncIterator[str]:
+    runner = web.AppRunner(create_app(make_settings(**settings), keys=keys, redis_url=redis_url), **RUNNER_KWARGS)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _ready(http: aiohttp.ClientSession, base: str) -> tuple[int, str]:
+    async with asyncio.timeout(GUARD_S), http.get(f"{base}/readyz") as resp:
+        body = await resp.json()
+        return resp.status, str(body.get("detail", body.get("status")))
+
+
+def _health(server: RedisProcess, prefix: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": server.url, "FANOUT_REDIS_PREFIX": prefix}
+    env.pop("FANOUT_HEALTH_URL", None)
+    return subprocess.run([sys.executable, str(ROOT / "fanout_cli.py"), "health", "--timeout-s", "3"],
+                          env=env, capture_output=True, text=True, timeout=GUARD_S, check=False)
+
+
+def _fill(server: RedisProcess) -> None:
+    sync = server.client()
+    sync.config_set("maxmemory-policy", "noeviction")
+    sync.set("ballast", b"x" * BALLAST_BYTES)
+    sync.config_set("maxmemory", str(BALLAST_BYTES))
+    sync.close()
+
+
+def _unfill(server: RedisProcess) -> None:
+    sync = server.client()
+    sync.delete("ballast")
+    sync.close()
+
+
+async def test_readyz_and_health_fail_while_redis_is_out_of_memory_and_pass_after() -> None:
+    keys = Keys(prefix="faults-ready-oom")
+    with private_redis() as server:
+        async with _publisher(server.url, keys) as base, aiohttp.ClientSession() as http:
+            assert await _ready(http, base) == (200, "ok")
+            assert _health(server, keys.prefix).returncode == 0
+            _fill(server)
+            status, detail = await _ready(http, base)
+            assert status == 503
+            assert "OutOfMemoryError" in detail
+            assert "maxmemory" in detail
+            unhealthy = _health(server, keys.prefix)
+            assert unhealthy.returncode == 1
+            assert "refuses writes" in unhealthy.stderr
+            assert "maxmemory" in unhealthy.stderr
+            assert "Traceback" not in unhealthy.stderr
+            _unfill(server)
+            assert await _ready(http, base) == (200, "ok")
+            assert _health(server, keys.prefix).returncode == 0
+
+
+async def test_readyz_and_health_fail_on_a_read_only_replica_and_pass_once_promoted() -> None:
+    keys = Keys(prefix="faults-ready-ro")
+    with private_redis() as primary, private_redis() as replica:
+        async with _publisher(replica.url, keys) as base, aiohttp.ClientSession() as http:
+            sync = replica.client()
+            sync.replicaof("127.0.0.1", str(primary.port))
+            status, detail = await _ready(http, base)
+            assert status == 503
+            assert "ReadOnlyError" in detail
+            assert _health(replica, keys.prefix).returncode == 1
+            sync.replicaof("NO", "ONE")
+            sync.close()
+            assert await _ready(http, base) == (200, "ok")
+            assert _health(replica, keys.prefix).returncode == 0
+
+
+async def test_probe_key_is_in_the_deployment_prefix_and_expires(redis_url: str, keys: Keys,
+                                                                 redis_client: aioredis.Redis) -> None:
+    async with _publisher(redis_url, keys) as base, aiohttp.ClientSession() as http:
+        assert await _ready(http, base) == (200, "ok")
+    ttl_ms = await redis_client.pttl(keys.probe)
+    assert keys.probe.startswith(f"{keys.prefix}:")
+    assert 0 < ttl_ms <= 10_000
+
+
+async def test_reader_of_a_stream_storage_ended_without_event_is_ended_and_resume_gets_204(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    sid = "st_markedfailed"
+    claim = await Leases(redis_client, keys, consumer="w", lease_s=30).claim(
+        stream_id=sid, provider="anthropic", model="m", entry_id="1-1", now_ms=1)
+    writer = Appender(redis_client, keys).writer(sid, token=claim.token, last_seq=0)
+    await writer.append([StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}),
+                         BlockStart(stream_id=sid, seq=2, ts=2, block=BlockRef(id="b0", index=0, kind="text"))])
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with _publisher(redis_url, keys, heartbeat_s=0.2) as base, aiohttp.ClientSession(headers=headers) as http:
+        async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}/events") as resp:
+            assert resp.status == 200
+            body = b""
+            while body.count(b"id: ") < 2:
+                body += await resp.content.readany()
+            await redis_client.xadd(keys.events(sid), {"x": "foreign"})  # no 0-<seq> fits any more
+            error = StreamError(stream_id=sid, seq=3, ts=3, status="failed", usage=None, finish_reason=None,
+                                error=ErrorInfo(category="internal", retryable=False, message="storage error: x"))
+            assert await writer.end_refused([error]) == "marked"
+            body += await resp.content.read()  # the response ends at the next idle heartbeat
+        assert b"id: 3" not in body
+        async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": "2"}) as again:
+            assert again.status == 204
+        async with http.get(f"{base}/v1/streams/{sid}") as status:
+            state = await status.json()
+    assert (state["state"], state["status"], state["last_seq"]) == ("done", "failed", 2)
+
+
+async def test_readers_of_a_stream_with_lost_events_get_the_suffix_a_gap_or_a_410(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    sid = "st_lostevents"
+    claim = await Leases(redis_client, keys, consumer="w", lease_s=30).claim(
+        stream_id=sid, provider="anthropic", model="m", entry_id="1-1", now_ms=1)
+    writer = Appender(redis_client, keys).writer(sid, token=claim.token, last_seq=0)
+    ref = BlockRef(id="b0", index=0, kind="text")
+    await writer.append([StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}),
+                         BlockStart(stream_id=sid, seq=2, ts=2, block=ref)])
+    writer.last_seq = 4  # seqs 3 and 4 were acknowledged by a master that died before replicating them
+    error = StreamError(stream_id=sid, seq=5, ts=5, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="internal", retryable=True, message="storage error: lost 3..4"))
+    assert await writer.end_refused([error], jump=True) == "event"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with _publisher(redis_url, keys) as base, aiohttp.ClientSession(headers=headers) as http:
+        async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}/events") as resp:
+            body = await resp.read()
+        assert b"id: 2" in body
+        assert b"event: stream.gap" in body
+        assert b"id: 5" not in body
+        async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": "4"}) as resp:
+            assert resp.status == 200  # a reader that got 3 and 4 live gets exactly the rest
+            suffix = await resp.read()
+        assert b"id: 5\nevent: stream.error" in suffix
+        for position in ("2", "3"):
+            async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": position}) as resp:
+                assert resp.status == 410

@@ -1,0 +1,188 @@
+"""The storage side of a job run: appends, the terminal on failure, the ack, the lease.
+
+:class:`JobStorage` is the base of :class:`worker.job_run.JobRun`; it holds what touches
+Redis for one job once it is claimed, and the Redis fault rules (:mod:`worker.storage`):
+writes are retried within ``FANOUT_APPEND_RETRY_S`` (at most the lease), lease renewals
+that fail are tried again soon and never stop the job by themselves (the append's token
+check is the guarantee), and a write Redis refuses for good ends the stream
+``failed``/``internal`` (:meth:`JobStorage._end_refused`) and acks the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import aiohttp
+import redis.exceptions
+
+from schema.contract import ErrorInfo, Event, StreamDone, StreamError
+from schema.errors import FanoutError, StorageRefusedError
+from schema.job import Job
+from worker.appender import Appender, FencedError, StreamClosedError, StreamWriter
+from worker.control import Stopped, Stopper
+from worker.error_policy import STATUS_OF_CATEGORY, redis_error_fields, safe_message
+from worker.lease import Leases
+from worker.normalizer import Normalizer
+from worker.pipeline import Pipeline
+from worker.redis_client import REDIS_ERRORS
+from worker.settings import WorkerSettings
+from worker.storage import with_retry
+from worker.telemetry import Telemetry
+from worker.upstream import Credentials
+
+log = logging.getLogger("fanout.worker.job")
+
+Outcome = Literal["done", "skipped", "abandoned"]
+"""``done``: terminal stored and acked; ``skipped``: already finished, acked;
+``abandoned``: stopped without a terminal, left pending for another owner."""
+
+
+class JobContext:
+    """What every job of one worker process shares.
+
+    Args:
+        settings: The worker's settings.
+        appender: Fenced appends.
+        leases: Claims, renewals, acks.
+        session: The aiohttp client session for providers.
+        credentials: Provider API keys.
+        telemetry: Spans and metrics.
+        clock_ms: Wall clock in ms since the epoch (event ``ts``).
+    """
+
+    def __init__(
+        self, *, settings: WorkerSettings, appender: Appender, leases: Leases, session: aiohttp.ClientSession,
+        credentials: Credentials, telemetry: Telemetry, clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.settings, self.appender, self.leases, self.session = settings, appender, leases, session
+        self.credentials, self.telemetry = credentials, telemetry
+        self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+
+
+class JobStorage:
+    """Redis writes of one claimed job (the base of :class:`worker.job_run.JobRun`)."""
+
+    ctx: JobContext
+    job: Job
+    entry_id: str
+    settings: WorkerSettings
+    telemetry: Telemetry
+    stopper: Stopper
+    writer: StreamWriter | None
+    token: int
+    _pipeline: Pipeline | None
+    _claim_ms: int
+
+    def stop(self, reason: Literal["cancel", "fenced", "lost", "shutdown"]) -> None:
+        """Stop the job: abort its upstream request; ``cancel`` then writes ``cancelled``."""
+        self.stopper.stop(reason)
+
+    async def _ack(self) -> None:
+        """``XACK`` the job, retried like an append (a lost ack would only cost a later skip)."""
+        await with_retry(lambda: self.ctx.leases.ack(self.entry_id), policy=self.ctx.appender.retry,
+                         sleep=asyncio.sleep, what="ack", stream_id=self.job.stream_id)
+
+    async def _ack_done(self) -> Outcome:
+        try:
+            await self._ack()
+        except (redis.exceptions.RedisError, StorageRefusedError) as exc:
+            log.error("event=ack_failed stream_id=%s %s", self.job.stream_id, redis_error_fields(exc))
+        return "done"
+
+    async def _storage_sleep(self, seconds: float) -> None:
+        """Wait between write retries; a job fenced, lost or shut down stops waiting (a cancel does not)."""
+        if self.stopper.reason not in (None, "cancel"):
+            raise Stopped(self.stopper.reason)
+        await asyncio.sleep(seconds)
+
+    async def _end_after_loss(self, stored_seq: int) -> Outcome:
+        """Redis lost events this job stored (a failover): end the stream right after them, then ack."""
+        assert self.writer is not None
+        lost = f"{stored_seq + 1}..{self.writer.last_seq}"
+        log.error("event=storage_lost_events stream_id=%s seqs=%s", self.job.stream_id, lost)
+        reason = f"Redis lost events {lost} of this stream (a failover before they were replicated)"
+        return await self._end_refused(reason, jump=True, retryable=True)
+
+    async def _end_refused(self, reason: str, *, jump: bool = False, retryable: bool = False) -> Outcome:
+        """End the stream ``failed``/``internal`` after Redis refused its writes for good, then ack."""
+        assert self.writer is not None
+        message = f"storage error: {reason}; the stream cannot be stored further"
+        error = FanoutError(message, category="internal", retryable=retryable)
+        try:
+            stored = await self.writer.end_refused(self._error_events(error), jump=jump)
+        except (StreamClosedError, FencedError) as exc:
+            log.warning("event=storage_end_skipped stream_id=%s error=%s", self.job.stream_id, type(exc).__name__)
+            return "abandoned" if isinstance(exc, FencedError) else await self._ack_done()
+        except REDIS_ERRORS as exc:
+            log.error("event=storage_end_failed stream_id=%s %s", self.job.stream_id, redis_error_fields(exc))
+            return "abandoned"
+        log.error("event=stream_ended_by_storage stream_id=%s stored=%s reason=\"%s\"", self.job.stream_id,
+                  stored, reason)
+        self.telemetry.terminal(provider=self.job.provider, status="failed", category="internal")
+        return await self._ack_done()
+
+    async def _append(self, events: list[Event]) -> None:
+        assert self.writer is not None
+        had_delta = self.writer.first_delta_ms is not None
+        await self.writer.append(events)
+        if not events:
+            return
+        provider = self.job.provider
+        self.telemetry.events_appended(len(events), provider)
+        if not had_delta and self.writer.first_delta_ms is not None:
+            self.telemetry.first_delta(self.writer.first_delta_ms - self._claim_ms, provider)
+        last = events[-1]
+        if isinstance(last, StreamDone | StreamError):
+            category = last.error.category if isinstance(last, StreamError) else None
+            self.telemetry.terminal(provider=provider, status=last.status, category=category)
+            self.telemetry.duration(last.ts - self._claim_ms, provider, last.status)
+
+    async def _write_error(self, error: FanoutError) -> None:
+        assert self.writer is not None
+        if self.writer.terminal is None:
+            await self._append(self._error_events(error))
+
+    def _error_events(self, error: FanoutError) -> list[Event]:
+        assert self.writer is not None
+        if self.writer.last_seq == 0:  # no adapter: the job's provider may be one this worker lacks
+            job = self.job
+            norm = Normalizer(stream_id=job.stream_id, provider=job.provider, model=job.model, clock=self.ctx.clock_ms,
+                              metadata=job.metadata, reasoning_visibility=job.reasoning_visibility)
+            norm.start()
+            norm.fail(category=error.category, message=error.message, retryable=error.retryable)
+            return norm.take()
+        info = ErrorInfo(category=error.category, retryable=error.retryable, provider_code=None,
+                         message=safe_message(error.message))
+        usage = self._pipeline.adapter.norm.usage if self._pipeline else None
+        return [StreamError(
+            stream_id=self.job.stream_id, seq=self.writer.last_seq + 1, ts=self.ctx.clock_ms(),
+            status=STATUS_OF_CATEGORY.get(error.category, "failed"), error=info, usage=usage, finish_reason=None,
+        )]
+
+    # -- lease ------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        failures = 0
+        while True:
+            renew_s = self.settings.lease_renew_s
+            await asyncio.sleep(min(renew_s, self.ctx.appender.retry.delay_s(failures)) if failures else renew_s)
+            try:
+                outcome = await self.ctx.leases.renew(entry_id=self.entry_id, stream_id=self.job.stream_id,
+                                                      token=self.token)
+            except REDIS_ERRORS as exc:  # keep going: the append's token check decides
+                failures += 1
+                self.telemetry.redis_error(exc)
+                log.warning("event=lease_renew_failed stream_id=%s try=%d %s", self.job.stream_id, failures,
+                            redis_error_fields(exc))
+                continue
+            failures = 0
+            if outcome == "cancel":
+                self.stop("cancel")
+            elif outcome != "ok":
+                log.warning("event=lease_lost stream_id=%s outcome=%s", self.job.stream_id, outcome)
+                self.stop(outcome)
+                return
