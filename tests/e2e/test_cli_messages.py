@@ -52,8 +52,8 @@ def one_line(done: subprocess.CompletedProcess[str], status: int, *words: str) -
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str) -> Iterator[LocalStack]:
-    with LocalStack(redis_url, workers=1, delay_ms=5, chunk_bytes=256) as running:
+def stack(single_redis_url: str) -> Iterator[LocalStack]:
+    with LocalStack(single_redis_url, workers=1, delay_ms=5, chunk_bytes=256) as running:
         yield running
 
 
@@ -376,6 +376,9 @@ def test_publisher_with_redis_unreachable_warns_is_not_ready_then_ready_when_red
         redis = subprocess.Popen([REDIS_SERVER, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                                   "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
         wait_for_port(redis_port)
+        # Readiness also needs the jobs group, which workers create (none runs here): make it as one would.
+        subprocess.run([REDIS_SERVER.replace("redis-server", "redis-cli"), "-p", str(redis_port), "XGROUP", "CREATE",
+                        "fanout:jobs:{0}", "workers", "0", "MKSTREAM"], check=True, capture_output=True, timeout=30)
         _wait_status(f"http://127.0.0.1:{port}/readyz", 200)
     finally:
         publisher.terminate()
