@@ -91,7 +91,7 @@ def _redis_context(
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page)
-        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s)
+        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s, settings.heartbeat_s)
         await hub.start()
         yield
         await hub.close()

@@ -152,12 +152,15 @@ async def _stream(request: web.Request, reader: Reader, projection: Projection,
                   page: list[Entry], known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    if request.version >= (1, 1):
+        response.enable_chunked_encoding()
     await response.prepare(request)
     app[TELEMETRY].open_connections.add(1)
     settings = app[SETTINGS]
     session = Session(response=response, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                       telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
-                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request))
+                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request),
+                      transport=request.transport, chunked=response.chunked)
     try:
         await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
         await session.run(page)

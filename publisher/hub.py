@@ -1,13 +1,21 @@
-"""The fan-out hub: one Redis subscription per stream per process, one read per notification.
+"""The fan-out hub: one Redis subscription per stream per process; live events need no read.
 
-Readers of a stream share a :class:`Topic`. The first reader subscribes the stream's
-live channel (``P:{id}:live``, payload: last stored seq); the last one to leave
-unsubscribes. A reader joins *before* it reads history, and :meth:`Hub.join` returns
-only once Redis has confirmed the subscription (a ``PING`` sent after ``SUBSCRIBE`` on
-the same connection comes back after it), so nothing appended between the history read
-and the live tail is missed. After its history replay a reader calls :meth:`Hub.go_live`;
-from then on the topic's pump reads ``XRANGE (0-<fetched> +`` once per notification for
-all live readers and offers each entry to each of them (:meth:`Reader.offer`).
+Readers of a stream share a :class:`~publisher.topic.Topic`. The first reader subscribes
+the stream's live channel (``P:{id}:live``; payload: the appended events, or only the
+last seq, :mod:`publisher.live`); the last one to leave unsubscribes. A reader joins
+*before* it reads history, and :meth:`Hub.join` returns only once Redis has confirmed
+the subscription (a ``PING`` sent after ``SUBSCRIBE`` on the same connection comes back
+after it), so nothing appended between the history read and the live tail is missed.
+After its history replay a reader calls :meth:`Hub.go_live`; from then on a notification
+that carries its events is offered to every live reader straight from the listener's
+dispatch, and everything else (a seq-only notification, a gap, a resubscription) makes
+the topic's pump read ``XRANGE (0-<fetched> +`` once for all of them.
+
+An audit runs every half heartbeat interval over the topics that heard nothing for that
+long: one pipelined ``XREVRANGE <events> + - COUNT 1`` each. A top above ``fetched`` (a
+lost notification) is read; no events at all, or a top below ``fetched`` (Redis lost
+data), closes the topic's live readers with ``gap``, so each learns within one
+heartbeat interval.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
@@ -18,14 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import RedisError
 
+from publisher.live import parse_notification
 from publisher.reader import Reader
 from publisher.store import Store
+from publisher.topic import Topic
 from schema.errors import InternalError
 
 if TYPE_CHECKING:
@@ -39,35 +50,6 @@ CLOSE_TIMEOUT_S = 2.0
 """Longest wait for the hub's tasks to stop at shutdown, seconds."""
 
 
-class Topic:
-    """Readers of one stream and the shared live read position."""
-
-    def __init__(self, stream_id: str, channel: bytes) -> None:
-        self.stream_id = stream_id
-        self.channel = channel
-        self.readers: set[Reader] = set()
-        self.live: set[Reader] = set()
-        self.fetched = 0
-        """Last seq offered to the live readers; every live reader's cursor is >= it."""
-        self.pending = False
-        """A notification (or a new live reader) asks for a read."""
-        self.wake = asyncio.Event()
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.ready.add_done_callback(_consume)
-        self.pump: asyncio.Task[None] | None = None
-
-    def kick(self) -> None:
-        """Ask the pump for a read."""
-        self.pending = True
-        self.wake.set()
-
-
-def _consume(future: asyncio.Future[None]) -> None:
-    """Mark a failed subscription as seen even when no reader waited for it."""
-    if not future.cancelled():
-        future.exception()
-
-
 class Hub:
     """Process-wide fan-out of stored events to readers.
 
@@ -76,6 +58,7 @@ class Hub:
         store: Reads of stored entries (shared with the handlers).
         channel_of: Live channel name of a stream id (``Keys.live``).
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
+        heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
     """
 
     def __init__(
@@ -84,11 +67,13 @@ class Hub:
         store: Store,
         channel_of: Callable[[str], str],
         subscribe_timeout_s: float,
+        heartbeat_s: float = 15.0,
     ) -> None:
         self._pubsub = redis.pubsub()
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
+        self._audit_s = heartbeat_s / 2
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
         self._barriers: dict[bytes, asyncio.Future[None]] = {}
@@ -99,7 +84,8 @@ class Hub:
 
     async def start(self) -> None:
         """Start the pub/sub listener and the command writer."""
-        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._command_loop())]
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._command_loop()),
+                       asyncio.create_task(self._audit_loop())]
 
     async def close(self) -> None:
         """Stop every task and close the pub/sub connection.
@@ -160,14 +146,7 @@ class Hub:
             False when the topic already offered entries past ``reader.cursor``: the
             caller must read history further and call again.
         """
-        topic = self._topics[reader.stream_id]
-        if topic.live and reader.cursor < topic.fetched:
-            return False
-        if not topic.live:
-            topic.fetched = reader.cursor
-        topic.live.add(reader)
-        topic.kick()
-        return True
+        return self._topics[reader.stream_id].go_live(reader)
 
     def _open(self, stream_id: str) -> Topic:
         channel = self._channel_of(stream_id).encode()
@@ -243,20 +222,9 @@ class Hub:
         if topic is None:
             return
         if kind == "message":
-            self._notify(topic, data)
-        elif kind == "subscribe" and topic.live:
-            topic.kick()  # (re)subscribed, maybe after a reconnect: notifications may be lost
-
-    @staticmethod
-    def _notify(topic: Topic, data: bytes) -> None:
-        try:
-            top = int(data)
-        except ValueError:
-            top = topic.fetched + 1
-        if top > topic.fetched and topic.live:
-            topic.kick()
-        elif top > topic.fetched:
-            topic.pending = True
+            topic.notified(parse_notification(bytes(data)))
+        elif kind == "subscribe":
+            topic.resubscribed()
 
     async def _pump(self, topic: Topic) -> None:
         while not self._closing:
@@ -264,12 +232,16 @@ class Hub:
             topic.wake.clear()
             while topic.pending and topic.live:
                 topic.pending = False
+                topic.reading = True
                 try:
                     await self._fetch(topic)
                 except RedisError as exc:
                     log.warning("live read of %s failed: %s", topic.stream_id, exc)
                     topic.pending = True
                     await asyncio.sleep(RETRY_S)
+                finally:
+                    topic.reading = False
+                topic.after_read()
 
     async def _fetch(self, topic: Topic) -> None:
         start = topic.fetched
@@ -277,11 +249,34 @@ class Hub:
         if topic.fetched != start:  # the live set emptied and restarted meanwhile
             topic.pending = True
             return
-        for entry in page:
-            for reader in list(topic.live):
-                reader.offer(entry)
-        topic.live = {reader for reader in topic.live if reader.closed is None}
-        if page:
-            topic.fetched = page[-1].seq
+        topic.offer(page)
         if len(page) >= self._store.page:
             topic.pending = True
+
+    async def _audit_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._audit_s)
+            try:
+                await self._audit()
+            except RedisError as exc:
+                log.warning("live audit failed: %s", exc)
+
+    async def _audit(self) -> None:
+        """Check the stored top of every live topic that heard nothing for an audit interval."""
+        quiet_since = time.monotonic() - self._audit_s
+        topics = [t for t in self._topics.values()
+                  if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
+        if not topics:
+            return
+        tops = await self._store.tops([t.stream_id for t in topics])
+        for topic, (top, meta) in zip(topics, tops, strict=True):
+            if not topic.live or topic.pending or topic.reading:
+                continue
+            if (top is None and (topic.fetched > 0 or not meta)) or (top is not None and top < topic.fetched):
+                log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
+                            topic.stream_id, top, topic.fetched)
+                for reader in list(topic.live):
+                    reader.fail_gap(None)
+                topic.live.clear()
+            elif top is not None and top > topic.fetched:
+                topic.kick()

@@ -13,6 +13,12 @@ on a gap, on queue overflow, at shutdown, and when the client takes no
 :data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
 is dropped, as on overflow).
 
+Once live, the session gives its reader a sink (:meth:`Session.deliver`): an entry the
+client may see is written to the socket right in the hub's dispatch, framed for the
+response's transfer coding, when nothing else is being written and the socket's write
+buffer holds at most :data:`DIRECT_BUFFER_BYTES`; otherwise it is queued and this task
+writes it, with the write timeout.
+
 Follows WHATWG HTML "9.2 Server-sent events" for the wire format.
 """
 
@@ -38,6 +44,9 @@ log = logging.getLogger(__name__)
 
 WRITE_SLICE_BYTES: Final = 64 * 1024
 """Bytes written per step of a large write; the client must take each within ``write_timeout_s``."""
+DIRECT_BUFFER_BYTES: Final = 64 * 1024
+"""Most bytes a socket's write buffer may hold for the hub to write to it directly; past
+it entries are queued and written by the response's task, which waits for the client."""
 
 
 class Session:
@@ -54,6 +63,9 @@ class Session:
         known_top: The stored top seq read before the first page (``StreamInfo.last_seq``).
         write_timeout_s: Longest wait for the client to take one slice of a write, seconds.
         on_stall: Drops the connection of a client that stopped reading.
+        transport: The response's socket, for direct writes (``None``: never direct).
+        chunked: The response uses chunked transfer coding (HTTP/1.1), so direct writes
+            are framed as chunks.
     """
 
     def __init__(
@@ -69,6 +81,8 @@ class Session:
         known_top: int,
         write_timeout_s: float,
         on_stall: Callable[[], None],
+        transport: asyncio.Transport | None = None,
+        chunked: bool = False,
     ) -> None:
         self.response = response
         self.reader = reader
@@ -81,6 +95,9 @@ class Session:
         self.write_timeout_s = write_timeout_s
         self.on_stall = on_stall
         self.last_write = time.monotonic()
+        self.transport = transport
+        self.chunked = chunked
+        self.writing = False
 
     async def run(self, first_page: list[Entry]) -> None:
         """Serve the stream from ``first_page`` (already checked to start at cursor + 1) on."""
@@ -121,20 +138,43 @@ class Session:
 
     async def _live(self) -> None:
         """Send queued entries, with a heartbeat whenever nothing was written for a while."""
-        while True:
-            idle_s = time.monotonic() - self.last_write
-            entry = await self.reader.next(max(0.0, self.heartbeat_s - idle_s))
-            if entry is not None:
-                if await self._send([entry, *self.reader.take_queued()], "live"):
+        self.reader.sink = self.deliver
+        try:
+            while True:
+                idle_s = time.monotonic() - self.last_write
+                entry = await self.reader.next(max(0.0, self.heartbeat_s - idle_s))
+                if entry is not None:
+                    if await self._send([entry, *self.reader.take_queued()], "live"):
+                        return
+                elif self.reader.closed == "gap":
+                    after, found = self.reader.gap or (self.reader.cursor, None)
+                    await self._gap(after, found)
                     return
-            elif self.reader.closed == "gap":
-                after, found = self.reader.gap or (self.reader.cursor, None)
-                await self._gap(after, found)
-                return
-            elif self.reader.closed is not None:
-                return
-            elif time.monotonic() - self.last_write >= self.heartbeat_s:
-                await self._write(PING)
+                elif self.reader.closed is not None:
+                    return
+                elif time.monotonic() - self.last_write >= self.heartbeat_s:
+                    await self._write(PING)
+        finally:
+            self.reader.sink = None
+
+    def deliver(self, entry: Entry) -> bool:
+        """Write one live entry to the socket now, if that cannot block (the reader's sink).
+
+        Returns:
+            True when the entry is handled (written, or hidden by the projection); False
+            when it must be queued: a write is in progress, the socket buffer is over
+            :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
+        """
+        transport = self.transport
+        if (self.writing or transport is None or transport.is_closing()
+                or transport.get_write_buffer_size() > DIRECT_BUFFER_BYTES or self.projection.needs_history(entry)):
+            return False
+        if entry.frame and self.projection.visible(entry):
+            frame = entry.frame
+            transport.write(b"%x\r\n%s\r\n" % (len(frame), frame) if self.chunked else frame)
+            self.last_write = time.monotonic()
+            self.telemetry.record_delivery(entry.ts_ms, "live")
+        return True
 
     async def _send(self, entries: list[Entry], phase: str) -> bool:
         """Write the entries this reader may see in one write; return True when one ends the stream."""
@@ -173,12 +213,16 @@ class Session:
             ConnectionResetError: The client took no slice within ``write_timeout_s``.
         """
         view = memoryview(frame)
-        for start in range(0, len(view), WRITE_SLICE_BYTES):
-            try:
-                async with asyncio.timeout(self.write_timeout_s):
-                    await self.response.write(view[start:start + WRITE_SLICE_BYTES])
-            except TimeoutError:
-                log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
-                self.on_stall()
-                raise ConnectionResetError("the client stopped reading") from None
+        self.writing = True
+        try:
+            for start in range(0, len(view), WRITE_SLICE_BYTES):
+                try:
+                    async with asyncio.timeout(self.write_timeout_s):
+                        await self.response.write(view[start:start + WRITE_SLICE_BYTES])
+                except TimeoutError:
+                    log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
+                    self.on_stall()
+                    raise ConnectionResetError("the client stopped reading") from None
+        finally:
+            self.writing = False
         self.last_write = time.monotonic()

@@ -100,8 +100,23 @@ def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
         but nothing is sent for it.
     """
     seq = seq_of(entry_id)
+    return entry_of(seq, fields.get(EVENT_FIELD))
+
+
+def entry_of(seq: int, raw: bytes | None) -> Entry:
+    """Build the :class:`Entry` of one stored event (from XRANGE or a live notification).
+
+    Args:
+        seq: The entry's seq.
+        raw: The event JSON as stored in field ``e``; ``None`` when the field is missing.
+
+    Returns:
+        The entry with its ready SSE frame; see :func:`parse_entry` for one without JSON.
+    """
     try:
-        data = one_line(fields[EVENT_FIELD])
+        if raw is None:
+            raise KeyError(EVENT_FIELD)
+        data = one_line(raw)
         peek = _peek.decode(data)
     except (KeyError, msgspec.DecodeError):
         log.error("stream entry %s holds no event JSON; it is not sent", seq)
@@ -195,6 +210,20 @@ class Store:
                 cursor = entry.seq
             if len(page) < self.page:
                 return
+
+    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, bool]]:
+        """Return ``(top seq or None, meta exists)`` of each stream, in one pipelined round trip.
+
+        Runs ``XREVRANGE <events> <top of ours> - COUNT 1`` and ``EXISTS <meta>`` per
+        stream; the top is ``None`` when the stream holds no entry of ours.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream_id in stream_ids:
+                pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
+                pipe.exists(self.keys.meta(stream_id))
+            replies = await pipe.execute()
+        return [(seq_of(top[0][0]) if top else None, bool(meta)) for top, meta in zip(replies[::2], replies[1::2],
+                                                                                         strict=True)]
 
     async def events_exist(self, stream_id: str) -> bool:
         """Return True when the stream's events key still exists."""
