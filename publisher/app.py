@@ -21,6 +21,7 @@ from aiohttp import web
 from opentelemetry import metrics, trace
 
 from publisher.accesslog import MaskedAccessLogger
+from publisher.edge import install_log_filter
 from publisher.hub import Hub
 from publisher.limits import ConnectionGate
 from publisher.middleware import add_cors_headers, cors_middleware, problem_middleware, telemetry_middleware
@@ -64,7 +65,9 @@ def create_app(
     app = web.Application(
         middlewares=[telemetry_middleware, cors_middleware, problem_middleware],
         client_max_size=settings.max_body_bytes,
+        handler_args={"keepalive_timeout": settings.header_timeout_s},
     )
+    install_log_filter()
     app[SETTINGS] = settings
     app[KEYS] = keys or Keys(settings.redis_prefix)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)

@@ -6,12 +6,14 @@ the limit passes, one past it fails with a problem document.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Final
 
 from aiohttp import web
 
 from publisher.problems import ProblemError
+from publisher.state import SETTINGS
 from schema.contract import STREAM_ID_PATTERN
 
 STREAM_ID_RE: Final = re.compile(STREAM_ID_PATTERN)
@@ -38,25 +40,40 @@ def path_stream_id(request: web.Request) -> str:
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """Read the whole request body, refusing more than ``max_bytes`` bytes.
+    """Read the whole request body, refusing more than ``max_bytes`` bytes or a slow sender.
 
     A declared ``Content-Length`` past the limit is refused before reading; a chunked
-    body is refused as soon as it passes the limit.
+    body is refused as soon as it passes the limit. The whole body must arrive within
+    ``FANOUT_BODY_TIMEOUT_S``.
 
     Raises:
-        ProblemError: ``body-too-large`` (413).
+        ProblemError: ``body-too-large`` (413); a 408 problem (``about:blank``, "Request
+            Timeout") when the body did not arrive in time (the connection is closed).
     """
     too_large = ProblemError("body-too-large", f"the request body exceeds {max_bytes} bytes (FANOUT_MAX_BODY_BYTES)")
     if request.content_length is not None and request.content_length > max_bytes:
         raise too_large
+    timeout_s = request.app[SETTINGS].body_timeout_s
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.read(READ_CHUNK_BYTES):
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.read(READ_CHUNK_BYTES):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeoutError(timeout_s) from None
     return b"".join(chunks)
+
+
+class BodyTimeoutError(web.HTTPRequestTimeout):
+    """The request body did not arrive within ``FANOUT_BODY_TIMEOUT_S`` (answered 408, connection closed)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(reason="Request Timeout", headers={"Connection": "close"},
+                         text=f"the request body did not arrive within {timeout_s} s (FANOUT_BODY_TIMEOUT_S)")
 
 
 class ConnectionGate:

@@ -19,6 +19,7 @@ import sys
 from aiohttp import web
 
 from publisher.app import RUNNER_KWARGS, create_app
+from publisher.edge import EdgeRunner
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.telemetry import providers_from_env
 from schema.settings import SettingsError
@@ -52,7 +53,7 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     app = create_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
-    runner = web.AppRunner(app, handle_signals=False, **RUNNER_KWARGS)
+    runner = EdgeRunner(app, handle_signals=False, **RUNNER_KWARGS)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     for address in runner.addresses:

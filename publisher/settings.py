@@ -51,7 +51,18 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_connections: Positive = 10_000
     """Open SSE responses per process; one more is a 503 with ``Retry-After``."""
     busy_retry_after_s: Positive = 2
-    """``Retry-After`` of the 503 sent past ``max_connections``, seconds."""
+    """Reconnection delay hinted to a client turned away for a transient reason, seconds:
+    ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, spread) of an SSE
+    request answered 200 then closed."""
+    max_sockets: Positive = 12_000
+    """Open client sockets per process, of every route; one more is closed at once, before
+    any byte is read (a browser's EventSource treats that as a network error and retries)."""
+    header_timeout_s: PositiveFloat = 10.0
+    """A connection must complete its request line and headers within this many seconds
+    of opening (or of its previous response); past it the socket is closed. Idle
+    keep-alive connections close after it too."""
+    body_timeout_s: PositiveFloat = 30.0
+    """Longest time to receive a whole request body, seconds; past it a 408 problem."""
     shutdown_window_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     """On SIGTERM, open SSE responses are closed spread over this window, seconds."""
     cors_origins: list[str] = msgspec.field(default_factory=list)

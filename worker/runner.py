@@ -80,7 +80,7 @@ class Worker:
         """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
         name = consumer or consumer_name()
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
-                            done_maxlen=settings.done_maxlen)
+                            done_maxlen=settings.done_maxlen, live_max_bytes=settings.live_max_bytes)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry or Telemetry(),

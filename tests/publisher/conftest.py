@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from publisher.app import RUNNER_KWARGS, create_app
+from publisher.edge import EdgeRunner
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
 from tests.publisher.helpers import make_settings
@@ -36,7 +37,7 @@ async def start_app(redis_url: str, keys: Keys, redis_client: Any) -> AsyncItera
 
     async def start(settings: PublisherSettings | None = None, **kwargs: Any) -> Server:
         app = create_app(settings or make_settings(), keys=keys, redis_url=redis_url, **kwargs)
-        runner = web.AppRunner(app, **RUNNER_KWARGS)
+        runner = EdgeRunner(app, **RUNNER_KWARGS)
         await runner.setup()
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0).start()
