@@ -94,10 +94,10 @@ def _cpu_per_delivery(run: dict[str, Any]) -> float:
 
 
 def run_row(name: str, a: argparse.Namespace, ref: Any, conn: Any, redis_proc: Any) -> dict[str, Any]:
-    row = ROWS[name]
+    row = {**ROWS[name], "events": int(ROWS[name]["events"] * a.events_scale)}
     product_conn = conn if a.seq_only else _FullConn(conn)
     out: dict[str, Any] = {}
-    if name != "storm" or a.storm_naive:
+    if (name != "storm" or a.storm_naive) and not a.product_only:
         out["naive"] = ref.one_run(_args(ref, a, "naive", row), row["clients"], conn, redis_proc)
     out["product"] = ref.one_run(_args(ref, a, "product", row), row["clients"], product_conn, redis_proc)
     return out
@@ -105,6 +105,8 @@ def run_row(name: str, a: argparse.Namespace, ref: Any, conn: Any, redis_proc: A
 
 def summarize(name: str, res: dict[str, Any]) -> str:
     p, n = res["product"], res.get("naive")
+    if n is None and name != "storm":
+        return f"edge-{name}: product only: {json.dumps(p, default=str)}"
     if name == "storm":
         per_kb = (p["edge_rss_connected_mb"] - p["edge_rss_idle_mb"]) * 1024 / max(1, p["connected"])
         naive = ""
@@ -222,6 +224,8 @@ def main() -> None:
     ap.add_argument("--fanout", default=str(Path(sys.executable).with_name("fanout")))
     ap.add_argument("--ref", default="/work/shared/bench", help="directory of the reference fanout_bench.py")
     ap.add_argument("--seq-only", action="store_true", help="product gets seq-only notifications (older worker)")
+    ap.add_argument("--events-scale", type=float, default=1.0, help="multiply each row's event count (longer runs)")
+    ap.add_argument("--product-only", action="store_true", help="skip the naive edge (profiling; no ratios)")
     ap.add_argument("--storm-naive", action="store_true", help="also run the naive edge in the storm")
     ap.add_argument("--resume-events", type=int, default=10_000)
     ap.add_argument("--resume-runs", type=int, default=5)

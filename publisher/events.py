@@ -26,6 +26,7 @@ Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from typing import Final
 
@@ -37,11 +38,12 @@ from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
 from publisher.session import Session
-from publisher.sse import SSE_HEADERS, retry_frame
+from publisher.sse import SSE_HEADERS, busy_body, retry_frame
 from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.store import Entry, StreamInfo
 from publisher.tokens import Scope
 from publisher.visibility import Projection
+from schema.errors import InternalError
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +107,13 @@ async def check_first_page(request: web.Request, stream_id: str, info: StreamInf
 async def stream_events(request: web.Request) -> web.StreamResponse:
     """Serve one stream over SSE (see the module table for every non-200 answer).
 
+    A transient refusal (``FANOUT_MAX_CONNECTIONS`` reached, shutting down, Redis pool
+    busy or unreachable, live subscription not confirmed) is never a status that makes
+    EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered around
+    ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`).
+
     Raises:
-        ProblemError: 400, 401, 403, 404, 410 as tabled; 503 ``too-many-connections`` past
-            ``FANOUT_MAX_CONNECTIONS`` (with ``Retry-After``).
+        ProblemError: 400, 401, 403, 404, 410 as tabled (real client errors).
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
@@ -116,15 +122,33 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     if position > 0:
         telemetry.resumes.add(1)
     gate = request.app[GATE]
-    gate.acquire()
+    refusal = gate.try_acquire()
+    if refusal is not None:
+        return await busy_stream(request, refusal)
     try:
         return await _answer(request, stream_id, scope, position)
     except ProblemError as exc:
         if exc.status == 410:
             telemetry.gone.add(1, {"cause": exc.slug})
         raise
+    except (RedisError, InternalError) as exc:  # raised before the response started
+        log.warning("stream %s: storage unavailable before the response: %s", stream_id, exc)
+        return await busy_stream(request, "redis-unavailable")
     finally:
         gate.release()
+
+
+async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
+    """Answer 200 with only a ``retry:`` hint (about ``FANOUT_BUSY_RETRY_AFTER_S``, jittered ±50 %), then end.
+
+    Args:
+        request: The SSE request turned away.
+        reason: Problem slug of the transient condition (``too-many-connections``, ...).
+    """
+    retry_ms = int(request.app[SETTINGS].busy_retry_after_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
+    response = web.Response(status=200, headers=SSE_HEADERS, body=busy_body(retry_ms, reason))
+    response.force_close()
+    return response
 
 
 async def _answer(request: web.Request, stream_id: str, scope: Scope, position: int) -> web.StreamResponse:

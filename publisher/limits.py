@@ -81,7 +81,7 @@ class ConnectionGate:
 
     Args:
         limit: Most open responses (``FANOUT_MAX_CONNECTIONS``).
-        retry_after_s: ``Retry-After`` of the 503 past the limit, seconds.
+        retry_after_s: Reconnection delay hinted past the limit, seconds.
     """
 
     def __init__(self, limit: int, retry_after_s: int) -> None:
@@ -91,25 +91,21 @@ class ConnectionGate:
         self.closing = False
         """Set at shutdown: every new SSE request is refused."""
 
-    def acquire(self) -> None:
-        """Take one slot; release it with :meth:`release` when the response ends.
+    def try_acquire(self) -> str | None:
+        """Take one slot (give it back with :meth:`release`), or say why not.
 
-        Raises:
-            ProblemError: ``too-many-connections`` (503, ``Retry-After``) when all slots are taken.
+        Returns:
+            ``None`` when a slot was taken; else the transient reason, a problem slug:
+            ``shutting-down`` or ``too-many-connections``. An SSE request is then
+            answered 200 with a ``retry:`` hint and closed (:func:`publisher.sse.busy_body`),
+            so a browser's EventSource reconnects instead of giving up.
         """
         if self.closing:
-            raise ProblemError(
-                "shutting-down",
-                "this publisher is shutting down; reconnect to another",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            return "shutting-down"
         if self.open >= self.limit:
-            raise ProblemError(
-                "too-many-connections",
-                f"this publisher already serves {self.limit} event streams; retry later or elsewhere",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            return "too-many-connections"
         self.open += 1
+        return None
 
     def release(self) -> None:
         """Give back one slot."""
