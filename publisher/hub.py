@@ -11,7 +11,8 @@ that carries its events is offered to every live reader straight from the listen
 dispatch, and everything else (a seq-only notification, a gap, a resubscription) makes
 the topic's pump read ``XRANGE (0-<fetched> +`` once for all of them.
 
-An audit runs every half heartbeat interval over the topics that heard nothing for that
+Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
+interval), not one per response. An audit runs every half heartbeat interval over the topics that heard nothing for that
 long: one pipelined ``XREVRANGE <events> + - COUNT 1`` each. A top above ``fetched`` (a
 lost notification) is read; no events at all, or a top below ``fetched`` (Redis lost
 data), closes the topic's live readers with ``gap``, so each learns within one
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause before the listener or a pump retries after a Redis error, seconds."""
+HEARTBEAT_TICKS = 4
+"""Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
+``: ping`` between 1 and 1.25 intervals after its last write."""
 CLOSE_TIMEOUT_S = 2.0
 """Longest wait for the hub's tasks to stop at shutdown, seconds."""
 
@@ -74,6 +78,7 @@ class Hub:
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
+        self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
         self._barriers: dict[bytes, asyncio.Future[None]] = {}
@@ -85,7 +90,7 @@ class Hub:
     async def start(self) -> None:
         """Start the pub/sub listener and the command writer."""
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._command_loop()),
-                       asyncio.create_task(self._audit_loop())]
+                       asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop())]
 
     async def close(self) -> None:
         """Stop every task and close the pub/sub connection.
@@ -252,6 +257,16 @@ class Hub:
         topic.offer(page)
         if len(page) >= self._store.page:
             topic.pending = True
+
+    async def _beat_loop(self) -> None:
+        """Offer every live reader a heartbeat each tick: the one heartbeat timer of the process."""
+        while not self._closing:
+            await asyncio.sleep(self._beat_s)
+            now = time.monotonic()
+            for topic in list(self._topics.values()):
+                for reader in list(topic.live):
+                    if reader.beat is not None:
+                        reader.beat(now)
 
     async def _audit_loop(self) -> None:
         while not self._closing:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.edge import EdgeRunner
+from publisher.edge import run as run_loop
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.telemetry import providers_from_env
 from schema.settings import SettingsError
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"fanout publisher: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings, args.host, args.port))
+    return run_loop(serve(settings, args.host, args.port), use_uvloop=settings.uvloop)
 
 
 async def serve(settings: PublisherSettings, host: str, port: int) -> int:

@@ -40,7 +40,7 @@ class Reader:
             response uses it to drop its connection even while blocked writing.
     """
 
-    __slots__ = ("_on_overflow", "_queue", "_wake", "closed", "cursor", "gap", "limit", "sink", "stream_id")
+    __slots__ = ("_on_overflow", "_queue", "_wake", "beat", "closed", "cursor", "gap", "limit", "sink", "stream_id")
 
     def __init__(
         self,
@@ -57,6 +57,8 @@ class Reader:
         """``(cursor, first seq found or None)`` when closed for a gap."""
         self.sink: Sink | None = None
         """Direct write of a live response; ``None`` while it replays history."""
+        self.beat: Callable[[float], None] | None = None
+        """Heartbeat of a live response, called by the hub's shared timer with the monotonic time."""
         self._on_overflow = on_overflow
         self._queue: deque[Entry] = deque()
         self._wake: asyncio.Future[None] | None = None
@@ -136,12 +138,12 @@ class Reader:
         finally:
             self._wake = None
 
-    async def next(self, timeout_s: float) -> Entry | None:
-        """Return the next queued entry, waiting at most ``timeout_s`` seconds.
+    async def next(self, timeout_s: float | None = None) -> Entry | None:
+        """Return the next queued entry, waiting at most ``timeout_s`` seconds (``None``: until woken).
 
         Returns:
-            The entry, or ``None`` on timeout or once the reader is closed and has
-            nothing more to deliver (check :attr:`closed`).
+            The entry, or ``None`` on timeout, when poked (a heartbeat is due) or once
+            the reader is closed and has nothing more to deliver (check :attr:`closed`).
         """
         if not self._queue and self.closed is None:
             await self.wait(timeout_s)

@@ -137,12 +137,14 @@ class Session:
         return page, None
 
     async def _live(self) -> None:
-        """Send queued entries, with a heartbeat whenever nothing was written for a while."""
-        self.reader.sink = self.deliver
+        """Send queued entries; heartbeats come from the hub's shared timer (:meth:`beat`).
+
+        While idle this task waits on one future: no timer of its own.
+        """
+        self.reader.sink, self.reader.beat = self.deliver, self.beat
         try:
             while True:
-                idle_s = time.monotonic() - self.last_write
-                entry = await self.reader.next(max(0.0, self.heartbeat_s - idle_s))
+                entry = await self.reader.next()
                 if entry is not None:
                     if await self._send([entry, *self.reader.take_queued()], "live"):
                         return
@@ -152,10 +154,33 @@ class Session:
                     return
                 elif self.reader.closed is not None:
                     return
-                elif time.monotonic() - self.last_write >= self.heartbeat_s:
+                elif time.monotonic() - self.last_write >= self.heartbeat_s:  # poked: the socket was busy
                     await self._write(PING)
         finally:
-            self.reader.sink = None
+            self.reader.sink = self.reader.beat = None
+
+    def beat(self, now_s: float) -> None:
+        """Send ``: ping`` when nothing was written for ``heartbeat_s``: directly, or by waking this task.
+
+        Args:
+            now_s: ``time.monotonic()`` of the hub's timer tick.
+        """
+        if now_s - self.last_write < self.heartbeat_s:
+            return
+        if self._writable():
+            self._write_now(PING)
+        else:
+            self.reader.poke()  # the task writes it, with the write timeout (a stalled client is dropped)
+
+    def _writable(self) -> bool:
+        transport = self.transport
+        return not (self.writing or transport is None or transport.is_closing()
+                    or transport.get_write_buffer_size() > DIRECT_BUFFER_BYTES)
+
+    def _write_now(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+        self.last_write = time.monotonic()
 
     def deliver(self, entry: Entry) -> bool:
         """Write one live entry to the socket now, if that cannot block (the reader's sink).
@@ -165,14 +190,10 @@ class Session:
             when it must be queued: a write is in progress, the socket buffer is over
             :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
         """
-        transport = self.transport
-        if (self.writing or transport is None or transport.is_closing()
-                or transport.get_write_buffer_size() > DIRECT_BUFFER_BYTES or self.projection.needs_history(entry)):
+        if not self._writable() or self.projection.needs_history(entry):
             return False
         if entry.frame and self.projection.visible(entry):
-            frame = entry.frame
-            transport.write(b"%x\r\n%s\r\n" % (len(frame), frame) if self.chunked else frame)
-            self.last_write = time.monotonic()
+            self._write_now(entry.frame)
             self.telemetry.record_delivery(entry.ts_ms, "live")
         return True
 

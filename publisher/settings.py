@@ -81,6 +81,8 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long a reader waits for Redis to confirm its live subscription, seconds."""
     cancel_ttl_s: Positive = 24 * 3600
     """Lifetime of a stream's cancel flag, seconds."""
+    uvloop: bool = True
+    """Run on uvloop when it is installed (extra ``fast``); ``FANOUT_UVLOOP=0`` keeps asyncio's loop."""
     demo_page: bool = False
     """Serve the demo page at ``GET /demo`` (``FANOUT_DEMO_PAGE=1``)."""
 
