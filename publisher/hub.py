@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import RedisError
@@ -81,8 +81,8 @@ class Hub:
         self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
-        self._barriers: dict[bytes, asyncio.Future[None]] = {}
-        self._commands: asyncio.Queue[tuple[Literal["sub", "unsub", "stop"], bytes, bytes]] = asyncio.Queue()
+        self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._commands: asyncio.Queue[tuple[Literal["sub", "unsub", "stop"], bytes, Topic | None]] = asyncio.Queue()
         self._closing = False
         self._connected = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -102,7 +102,7 @@ class Hub:
         self._closing = True
         for reader in self.readers():
             reader.close("shutdown")
-        self._commands.put_nowait(("stop", b"", b""))
+        self._commands.put_nowait(("stop", b"", None))
         tasks = [*self._tasks, *(t.pump for t in self._topics.values() if t.pump is not None)]
         for task in tasks:
             task.cancel()
@@ -157,9 +157,7 @@ class Hub:
         channel = self._channel_of(stream_id).encode()
         topic = Topic(stream_id, channel)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
-        token = uuid.uuid4().hex.encode()
-        self._barriers[token] = topic.ready
-        self._commands.put_nowait(("sub", channel, token))
+        self._commands.put_nowait(("sub", channel, topic))
         topic.pump = asyncio.create_task(self._pump(topic))
         return topic
 
@@ -172,23 +170,37 @@ class Hub:
         del self._by_channel[topic.channel]
         if topic.pump is not None:
             topic.pump.cancel()
-        self._commands.put_nowait(("unsub", topic.channel, b""))
+        self._commands.put_nowait(("unsub", topic.channel, None))
 
     async def _command_loop(self) -> None:
+        """Send queued (un)subscriptions in order, each run of one kind as one command.
+
+        A burst of new topics (a reconnect storm) becomes one ``SUBSCRIBE`` of every
+        channel and one ``PING`` that confirms them all, not two round trips each.
+        """
         while not self._closing:
-            op, channel, token = await self._commands.get()
-            try:
+            batch = [await self._commands.get()]
+            while not self._commands.empty():
+                batch.append(self._commands.get_nowait())
+            for op, run in _runs(batch):
                 if op == "stop":
                     return
-                if op == "sub":
-                    await self._pubsub.subscribe(channel)
-                    self._connected.set()
-                    await self._pubsub.ping(token)
-                else:
-                    await self._pubsub.unsubscribe(channel)
-            except RedisError as exc:
-                log.warning("pub/sub %s of %r failed: %s", op, channel, exc)
-                self._fail_barriers(exc)
+                try:
+                    await self._send_run(op, run)
+                except RedisError as exc:
+                    log.warning("pub/sub %s of %d channels failed: %s", op, len(run), exc)
+                    self._fail_barriers(exc)
+
+    async def _send_run(self, op: str, run: list[tuple[bytes, Topic | None]]) -> None:
+        channels = [channel for channel, _ in run]
+        if op == "unsub":
+            await self._pubsub.unsubscribe(*channels)
+            return
+        token = uuid.uuid4().hex.encode()
+        self._barriers[token] = [topic.ready for _, topic in run if topic is not None]
+        await self._pubsub.subscribe(*channels)
+        self._connected.set()
+        await self._pubsub.ping(token)
 
     def _fail_barriers(self, exc: RedisError) -> None:
         """Fail every unconfirmed subscription: its confirmation may never come.
@@ -196,9 +208,10 @@ class Hub:
         Its waiting readers answer 503; the topic is dropped when they leave, so the
         next reader subscribes afresh.
         """
-        for barrier in self._barriers.values():
-            if not barrier.done():
-                barrier.set_exception(exc)
+        for barriers in self._barriers.values():
+            for barrier in barriers:
+                if not barrier.done():
+                    barrier.set_exception(exc)
         self._barriers.clear()
 
     async def _listen(self) -> None:
@@ -219,9 +232,9 @@ class Hub:
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind, data = message["type"], message["data"]
         if kind == "pong":
-            barrier = self._barriers.pop(bytes(data or b""), None)
-            if barrier is not None and not barrier.done():
-                barrier.set_result(None)
+            for barrier in self._barriers.pop(bytes(data or b""), []):
+                if not barrier.done():
+                    barrier.set_result(None)
             return
         topic = self._by_channel.get(message["channel"])
         if topic is None:
@@ -295,3 +308,14 @@ class Hub:
                 topic.live.clear()
             elif top is not None and top > topic.fetched:
                 topic.kick()
+
+
+def _runs(batch: Sequence[tuple[str, bytes, Topic | None]]) -> list[tuple[str, list[tuple[bytes, Topic | None]]]]:
+    """Group consecutive commands of one kind, keeping their order: ``[(op, [(channel, topic)])]``."""
+    runs: list[tuple[str, list[tuple[bytes, Topic | None]]]] = []
+    for op, channel, topic in batch:
+        if runs and runs[-1][0] == op:
+            runs[-1][1].append((channel, topic))
+        else:
+            runs.append((op, [(channel, topic)]))
+    return runs
