@@ -176,7 +176,8 @@ def run_resume(a: argparse.Namespace, ref: Any, conn: Any) -> dict[str, Any]:
     for seq in range(1, events + 1):
         data = (b'{"type":"block.delta","stream_id":"%s","seq":%d,"ts":0,"block":{"id":"b0","index":0,"kind":"text"},'
                 b'"delta":{"kind":"text","text":"%s"}}' % (sid.encode(), seq, pad.encode()))
-        pipe.xadd(f"{key}:events", {"e": data, "d": data}, id=f"0-{seq}")
+        pipe.xadd(f"{key}:events", {"e": data}, id=f"0-{seq}")
+        pipe.xadd(f"{prefix}-naive", {"d": data}, id=f"0-{seq}")  # no braces: the naive route takes the key raw
     pipe.execute()
     out: dict[str, Any] = {}
     try:
@@ -186,7 +187,7 @@ def run_resume(a: argparse.Namespace, ref: Any, conn: Any) -> dict[str, Any]:
                 cmd = [sys.executable, ref.__file__, "--role", "edge", "--edge-port", str(port), "--redis-port",
                        str(a.redis_port), "--count", "500", "--block-ms", "5000", "--lifetime-s", "300"]
                 env = dict(os.environ)
-                url, headers = f"http://127.0.0.1:{port}/sse/{key}:events", {"Last-Event-ID": "0"}
+                url, headers = f"http://127.0.0.1:{port}/sse/{prefix}-naive", {"Last-Event-ID": "0"}
                 ready = f"http://127.0.0.1:{port}/sse/none"
             else:
                 cmd = [a.fanout, "publisher", "--host", "127.0.0.1", "--port", str(port)]
@@ -207,7 +208,7 @@ def run_resume(a: argparse.Namespace, ref: Any, conn: Any) -> dict[str, Any]:
             best = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
             out[edge] = {"ttfb_ms": best[0], "events_per_s": best[1], "events": best[2], "runs": runs}
     finally:
-        conn.delete(f"{key}:events", f"{key}:meta")
+        conn.delete(f"{key}:events", f"{key}:meta", f"{prefix}-naive")
     return out
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import subprocess
 import sys
 import time
@@ -38,7 +37,8 @@ host, port, n, streams, token = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 socks = []
 for i in range(n):
     s = socket.create_connection((host, port))
-    s.sendall(f"GET /v1/streams/st_cost{i % streams}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    head = f"GET /v1/streams/st_cost{i % streams}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+    s.sendall(head.encode() + b"\r\n")
     socks.append(s)
     if i % 200 == 199:
         time.sleep(0.05)
@@ -73,7 +73,7 @@ async def main(a: argparse.Namespace) -> None:
     await proc.stdout.readline()
     hub = app[HUB]
     deadline = time.monotonic() + 60
-    while sum(len(t.live) for t in hub._topics.values()) < a.readers and time.monotonic() < deadline:
+    while sum(len(t.live) for t in hub._topics.values()) < a.readers and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.1)
     live = sum(len(t.live) for t in hub._topics.values())
     gc.collect()
@@ -85,8 +85,9 @@ async def main(a: argparse.Namespace) -> None:
     print(f"Python allocations per reader: {total / max(1, live) / 1024:.2f} KB; top sites:")
     for stat in stats[: a.top]:
         frame = stat.traceback[0]
-        name = os.path.relpath(frame.filename, sys.prefix) if frame.filename.startswith(sys.prefix) else frame.filename
-        print(f"  {stat.size_diff / max(1, live):8.0f} B  {stat.count_diff / max(1, live):5.1f} objs  {name}:{frame.lineno}")
+        name = frame.filename.removeprefix(sys.prefix + "/")
+        per = stat.size_diff / max(1, live)
+        print(f"  {per:8.0f} B  {stat.count_diff / max(1, live):5.1f} objs  {name}:{frame.lineno}")
     assert proc.stdin is not None
     proc.stdin.close()
     await proc.wait()

@@ -105,28 +105,39 @@ class Session:
             await self._live()
 
     async def _replay(self, page: list[Entry]) -> bool:
-        """Send history until the reader is live; return True when the response must end."""
+        """Send history until the reader is live; return True when the response must end.
+
+        While one full page is written, the next is already being read (one read ahead).
+        """
         stale = False
         while True:
             entries, gap_seq = self._continuing(page)
-            if await self._send(entries, "replay"):
-                return True
-            if gap_seq is not None:
-                await self._gap(self.reader.cursor, gap_seq)
-                return True
-            if self.reader.closed is not None:
-                return True
-            if len(page) < self.store.page:
-                if self.reader.cursor < self.known_top:  # stored before this request, gone now
-                    await self._gap(self.reader.cursor, None)
+            ahead = None
+            if gap_seq is None and len(page) >= self.store.page:
+                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor))
+                ahead.add_done_callback(_retrieve)
+            try:
+                if await self._send(entries, "replay"):
                     return True
-                if self.hub.go_live(self.reader):
-                    return False
-                if stale and not page:  # live readers got entries that a later read cannot find
-                    await self._gap(self.reader.cursor, None)
+                if gap_seq is not None:
+                    await self._gap(self.reader.cursor, gap_seq)
                     return True
-                stale = not page
-            page = await self.store.read_after(self.reader.stream_id, self.reader.cursor)
+                if self.reader.closed is not None:
+                    return True
+                if len(page) < self.store.page:
+                    if self.reader.cursor < self.known_top:  # stored before this request, gone now
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    if self.hub.go_live(self.reader):
+                        return False
+                    if stale and not page:  # live readers got entries that a later read cannot find
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    stale = not page
+                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor))
+            finally:
+                if ahead is not None:
+                    ahead.cancel()  # no-op once it is done
 
     def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
         """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq."""
@@ -247,3 +258,9 @@ class Session:
         finally:
             self.writing = False
         self.last_write = time.monotonic()
+
+
+def _retrieve(task: asyncio.Future[list[Entry]]) -> None:
+    """Mark a read-ahead's failure as seen when the response ended before it was awaited."""
+    if not task.cancelled():
+        task.exception()

@@ -75,7 +75,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long a command waits for a free pooled connection before failing (503), seconds."""
     redis_prefix: str = "fanout"
     """Key prefix of the deployment (schema.keys)."""
-    read_page: Positive = 256
+    read_page: Positive = 1024
     """Entries per ``XRANGE`` page when replaying or tailing a stream."""
     subscribe_timeout_s: PositiveFloat = 5.0
     """How long a reader waits for Redis to confirm its live subscription, seconds."""

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from publisher.sse import event_frame, one_line
-from schema.contract import TERMINAL_TYPES
+from publisher.sse import one_line
+from schema.contract import EVENT_TYPES, TERMINAL_TYPES
 from schema.keys import EVENT_FIELD, Keys, seq_of
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class _Peek(msgspec.Struct):
 
 
 _peek: Final = msgspec.json.Decoder(_Peek)
+_TYPE_NAMES: Final = {name: name.encode() for name in EVENT_TYPES}
+"""Contract type -> its ``event:`` field bytes (no pattern check needed for these)."""
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,20 +89,20 @@ class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The tombstone's ``last_seq`` (0 when missing or not a number)."""
 
 
-def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
+def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | list[bytes]) -> Entry:
     """Parse one XRANGE item.
 
     Args:
         entry_id: ``0-<seq>``.
-        fields: The entry's field map; the event JSON is under ``e``.
+        fields: The entry's fields, as a map or as redis' flat ``[name, value, ...]``
+            list; the event JSON is under ``e``.
 
     Returns:
         The entry. One that holds no event JSON (a writer's bug) is logged and gets
         type ``invalid`` and an empty frame: it keeps its seq, so positions stay exact,
         but nothing is sent for it.
     """
-    seq = seq_of(entry_id)
-    return entry_of(seq, fields.get(EVENT_FIELD))
+    return entry_of(seq_of(entry_id), _event_field(fields))
 
 
 def entry_of(seq: int, raw: bytes | None) -> Entry:
@@ -113,16 +115,18 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
     Returns:
         The entry with its ready SSE frame; see :func:`parse_entry` for one without JSON.
     """
+    if raw is None:
+        return _invalid(seq)
+    data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
     try:
-        if raw is None:
-            raise KeyError(EVENT_FIELD)
-        data = one_line(raw)
         peek = _peek.decode(data)
-    except (KeyError, msgspec.DecodeError):
-        log.error("stream entry %s holds no event JSON; it is not sent", seq)
-        return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None,
-                     visibility=None, frame=b"")
-    kind = peek.type if _SAFE_TYPE.fullmatch(peek.type) else "unknown"
+    except msgspec.DecodeError:
+        return _invalid(seq)
+    kind = peek.type
+    name = _TYPE_NAMES.get(kind)
+    if name is None:
+        kind = kind if _SAFE_TYPE.fullmatch(kind) else "unknown"
+        name = kind.encode()
     block = peek.block
     return Entry(
         seq=seq,
@@ -131,8 +135,35 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
         block_index=block.index if block else None,
         block_kind=block.kind if block else None,
         visibility=peek.visibility,
-        frame=event_frame(seq, kind, data),
+        frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data),
     )
+
+
+def _invalid(seq: int) -> Entry:
+    """Return the entry of a stored item without event JSON (a writer's bug): keeps its seq, sends nothing."""
+    log.error("stream entry %s holds no event JSON; it is not sent", seq)
+    return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None, visibility=None, frame=b"")
+
+
+def _event_field(fields: dict[bytes, bytes] | list[bytes]) -> bytes | None:
+    """Return field ``e`` of a parsed (map) or raw (flat list) XRANGE entry, or ``None``."""
+    if isinstance(fields, dict):
+        return fields.get(EVENT_FIELD)
+    if len(fields) >= 2 and fields[0] == EVENT_FIELD:
+        return fields[1]
+    return dict(zip(fields[::2], fields[1::2], strict=False)).get(EVENT_FIELD)
+
+
+def _raw_stream_list(response: Any, **options: Any) -> Any:
+    """XRANGE reply as redis sends it, ``[[id, [name, value, ...]], ...]`` (no dict per entry)."""
+    return response
+
+
+def _fast_seq(entry_id: bytes) -> int | None:
+    """Return the seq of a ``0-<seq>`` id, or ``None`` for any other shape (a foreign writer's)."""
+    if entry_id[:2] == b"0-" and entry_id[2:].isdigit():
+        return int(entry_id[2:])
+    return None
 
 
 def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
@@ -164,6 +195,7 @@ class Store:
         self.redis = redis
         self.keys = keys
         self.page = page
+        redis.set_response_callback("XRANGE", _raw_stream_list)  # replies are parsed once, here
 
     async def info(self, stream_id: str) -> StreamInfo:
         """Return meta, tombstone and the top of the stored stream (one round trip)."""
@@ -191,9 +223,17 @@ class Store:
         ``count`` means the stored top was reached. Callers check contiguity on ``seq``.
         """
         raw = await self._xrange(stream_id, after_seq, count or self.page)
-        return [parse_entry(entry_id, fields) for entry_id, fields in raw if _ours(stream_id, entry_id)]
+        entries = []
+        for entry_id, fields in raw:
+            seq = _fast_seq(entry_id)
+            if seq is None:
+                if not _ours(stream_id, entry_id):
+                    continue
+                seq = seq_of(entry_id)
+            entries.append(entry_of(seq, _event_field(fields)))
+        return entries
 
-    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, Any]]:
         """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""
         raw: Any = await self.redis.xrange(self.keys.events(stream_id), f"(0-{after_seq}", "+", count=count)
         return list(raw or [])
@@ -236,8 +276,8 @@ class Store:
             raw = await self._xrange(stream_id, cursor, self.page)
             for entry_id, fields in raw:
                 cursor = seq_of(entry_id)
-                if EVENT_FIELD in fields:
-                    yield cursor, fields[EVENT_FIELD]
+                if (data := _event_field(fields)) is not None:
+                    yield cursor, data
             if len(raw) < self.page:
                 return
 
