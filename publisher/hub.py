@@ -30,11 +30,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from publisher.live import parse_notification
+from publisher.pubsub import PubSubLink, endpoint_of
 from publisher.reader import Reader
 from publisher.store import Store
 from publisher.topic import Topic
@@ -73,7 +75,7 @@ class Hub:
         subscribe_timeout_s: float,
         heartbeat_s: float = 15.0,
     ) -> None:
-        self._pubsub = redis.pubsub()
+        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost)
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
@@ -82,33 +84,29 @@ class Hub:
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
         self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
-        self._commands: asyncio.Queue[tuple[Literal["sub", "unsub", "stop"], bytes, Topic | None]] = asyncio.Queue()
+        self._pending: list[tuple[str, bytes, Topic | None]] = []
+        self._flush_due = False
         self._closing = False
-        self._connected = asyncio.Event()
+        self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start the pub/sub listener and the command writer."""
-        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._command_loop()),
-                       asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop())]
+        """Start the pub/sub connection, the audit and the heartbeat timer."""
+        self._tasks = [asyncio.create_task(self._link_loop()), asyncio.create_task(self._audit_loop()),
+                       asyncio.create_task(self._beat_loop())]
 
     async def close(self) -> None:
-        """Stop every task and close the pub/sub connection.
-
-        A task may be inside a redis-py call when cancelled, and redis-py does not always
-        let the cancellation through; the loops also stop on :attr:`_closing` and a stop
-        command, and the wait is bounded by :data:`CLOSE_TIMEOUT_S`.
-        """
+        """Stop every task and close the pub/sub connection (the wait is bounded by :data:`CLOSE_TIMEOUT_S`)."""
         self._closing = True
         for reader in self.readers():
             reader.close("shutdown")
-        self._commands.put_nowait(("stop", b"", None))
+        self._link.close()
+        self._lost.set()
         tasks = [*self._tasks, *(t.pump for t in self._topics.values() if t.pump is not None)]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
-        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def readers(self) -> list[Reader]:
         """Return every joined reader (for shutdown)."""
@@ -157,7 +155,7 @@ class Hub:
         channel = self._channel_of(stream_id).encode()
         topic = Topic(stream_id, channel)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
-        self._commands.put_nowait(("sub", channel, topic))
+        self._queue("sub", channel, topic)
         topic.pump = asyncio.create_task(self._pump(topic))
         return topic
 
@@ -170,37 +168,63 @@ class Hub:
         del self._by_channel[topic.channel]
         if topic.pump is not None:
             topic.pump.cancel()
-        self._commands.put_nowait(("unsub", topic.channel, None))
+        self._queue("unsub", topic.channel, None)
 
-    async def _command_loop(self) -> None:
-        """Send queued (un)subscriptions in order, each run of one kind as one command.
+    def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
+        """Queue one (un)subscription; everything queued in one loop turn is sent together."""
+        self._pending.append((op, channel, topic))
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the queued commands in order, each run of one kind as one command.
 
         A burst of new topics (a reconnect storm) becomes one ``SUBSCRIBE`` of every
-        channel and one ``PING`` that confirms them all, not two round trips each.
+        channel and one ``PING`` that confirms them all. While disconnected nothing is
+        sent: the reconnect subscribes every topic held then.
         """
-        while not self._closing:
-            batch = [await self._commands.get()]
-            while not self._commands.empty():
-                batch.append(self._commands.get_nowait())
-            for op, run in _runs(batch):
-                if op == "stop":
-                    return
-                try:
-                    await self._send_run(op, run)
-                except RedisError as exc:
-                    log.warning("pub/sub %s of %d channels failed: %s", op, len(run), exc)
-                    self._fail_barriers(exc)
+        self._flush_due = False
+        if not self._link.connected:
+            return
+        batch, self._pending = self._pending, []
+        for op, run in _runs(batch):
+            self._send_run(op, run)
 
-    async def _send_run(self, op: str, run: list[tuple[bytes, Topic | None]]) -> None:
+    def _send_run(self, op: str, run: Sequence[tuple[bytes, Topic | None]]) -> None:
         channels = [channel for channel, _ in run]
         if op == "unsub":
-            await self._pubsub.unsubscribe(*channels)
+            self._link.send("UNSUBSCRIBE", *channels)
             return
         token = uuid.uuid4().hex.encode()
         self._barriers[token] = [topic.ready for _, topic in run if topic is not None]
-        await self._pubsub.subscribe(*channels)
-        self._connected.set()
-        await self._pubsub.ping(token)
+        self._link.send("SUBSCRIBE", *channels)
+        self._link.send("PING", token)
+
+    async def _link_loop(self) -> None:
+        """Keep the subscriber connection open; after each (re)connect, subscribe every topic held."""
+        while not self._closing:
+            try:
+                await self._link.connect()
+            except RedisError as exc:
+                log.warning("pub/sub connection failed (%s); retrying in %ss", exc, RETRY_S)
+                self._fail_barriers(exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            self._lost.clear()
+            self._pending.clear()
+            held = [(topic.channel, topic) for topic in self._topics.values()]
+            if held:
+                self._send_run("sub", held)
+            await self._lost.wait()
+            if self._closing:
+                return
+            log.warning("pub/sub connection lost; reconnecting")
+            self._fail_barriers(RedisConnectionError("pub/sub connection lost"))
+            await asyncio.sleep(RETRY_S)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self._lost.set()
 
     def _fail_barriers(self, exc: RedisError) -> None:
         """Fail every unconfirmed subscription: its confirmation may never come.
@@ -213,36 +237,28 @@ class Hub:
                 if not barrier.done():
                     barrier.set_exception(exc)
         self._barriers.clear()
+        for topic in self._topics.values():  # queued, not sent: no confirmation is coming either
+            if not topic.ready.done():
+                topic.ready.set_exception(exc)
 
-    async def _listen(self) -> None:
-        await self._connected.wait()
-        while not self._closing:
-            try:
-                message = await self._pubsub.get_message(timeout=None)
-            except RedisError as exc:
-                if self._closing:
-                    return
-                log.warning("pub/sub connection lost (%s); reconnecting", exc)
-                self._fail_barriers(exc)
-                await asyncio.sleep(RETRY_S)
-                continue
-            if message is not None:
-                self._dispatch(message)
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind, data = message["type"], message["data"]
-        if kind == "pong":
-            for barrier in self._barriers.pop(bytes(data or b""), []):
+    def _dispatch(self, reply: Any) -> None:
+        """Handle one pushed reply: ``[kind, channel or token, data]`` (RESP2 pub/sub)."""
+        if not isinstance(reply, list) or len(reply) < 2:
+            log.warning("pub/sub: unexpected reply %r", reply if not isinstance(reply, bytes) else reply[:80])
+            return
+        kind = reply[0]
+        if kind == b"message":
+            topic = self._by_channel.get(reply[1])
+            if topic is not None:
+                topic.notified(parse_notification(reply[2]))
+        elif kind == b"pong":
+            for barrier in self._barriers.pop(reply[1], []):
                 if not barrier.done():
                     barrier.set_result(None)
-            return
-        topic = self._by_channel.get(message["channel"])
-        if topic is None:
-            return
-        if kind == "message":
-            topic.notified(parse_notification(bytes(data)))
-        elif kind == "subscribe":
-            topic.resubscribed()
+        elif kind == b"subscribe":
+            topic = self._by_channel.get(reply[1])
+            if topic is not None:
+                topic.resubscribed()
 
     async def _pump(self, topic: Topic) -> None:
         while not self._closing:
