@@ -94,7 +94,8 @@ def _redis_context(
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page)
-        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s, settings.heartbeat_s)
+        app[HUB] = hub = Hub(client, store, keys.live, settings.subscribe_timeout_s,
+                             heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000)
         await hub.start()
         yield
         await hub.close()

@@ -65,6 +65,7 @@ class Hub:
         channel_of: Live channel name of a stream id (``Keys.live``).
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
         heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
+        live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
     """
 
     def __init__(
@@ -73,9 +74,11 @@ class Hub:
         store: Store,
         channel_of: Callable[[str], str],
         subscribe_timeout_s: float,
+        *,
         heartbeat_s: float = 15.0,
+        live_batch_s: float = 0.0,
     ) -> None:
-        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost)
+        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost, live_batch_s)
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s

@@ -61,10 +61,12 @@ def pack(*parts: bytes | str) -> bytes:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, on_push: Callable[[Any], None], on_lost: Callable[[Exception | None], None]) -> None:
+    def __init__(self, on_push: Callable[[Any], None], on_lost: Callable[[Exception | None], None],
+                 batch_s: float) -> None:
         self.reader = hiredis.Reader()
         self.on_push, self.on_lost = on_push, on_lost
         self.transport: asyncio.Transport | None = None
+        self.batch_s = batch_s
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's transports do not subclass asyncio's
@@ -73,6 +75,13 @@ class _Protocol(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             self.on_push(reply)
+        if self.batch_s > 0 and self.transport is not None:  # let the next messages gather: one read for several
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(self.batch_s, self._resume)
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -87,11 +96,15 @@ class PubSubLink:
         on_push: Called with every reply after the handshake (a list such as
             ``[b"message", channel, data]``), synchronously, in order.
         on_lost: Called once when an open connection closes (``None``: closed by us).
+        batch_s: After each read, the socket is left unread this long, so messages
+            arriving meanwhile come in one read (fewer wake-ups under load; adds at most
+            this much latency). 0 reads at once.
     """
 
     def __init__(self, endpoint: Endpoint, on_push: Callable[[Any], None],
-                 on_lost: Callable[[Exception | None], None]) -> None:
+                 on_lost: Callable[[Exception | None], None], batch_s: float = 0.0) -> None:
         self.endpoint = endpoint
+        self.batch_s = batch_s
         self._on_push, self._on_lost = on_push, on_lost
         self._protocol: _Protocol | None = None
         self._handshake: asyncio.Queue[Any] | None = None
@@ -119,7 +132,7 @@ class PubSubLink:
         loop = asyncio.get_running_loop()
         self._handshake = queue = asyncio.Queue[Any]()
         point = self.endpoint
-        factory = lambda: _Protocol(self._push, self._lost)  # noqa: E731 - a one-line protocol factory
+        factory = lambda: _Protocol(self._push, self._lost, self.batch_s)  # noqa: E731 - a one-line factory
         context = ssl.create_default_context() if point.tls else None
         if point.path is not None:
             _, protocol = await loop.create_unix_connection(factory, point.path)

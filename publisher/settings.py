@@ -77,6 +77,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Key prefix of the deployment (schema.keys)."""
     read_page: Positive = 1024
     """Entries per ``XRANGE`` page when replaying or tailing a stream."""
+    live_batch_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 1.0
+    """After each read of the live-channel connection, leave it unread this long, so the
+    notifications arriving meanwhile are handled in one read (fewer wake-ups per delivery
+    under load), milliseconds; adds at most this much latency; 0 reads at once."""
     subscribe_timeout_s: PositiveFloat = 5.0
     """How long a reader waits for Redis to confirm its live subscription, seconds."""
     cancel_ttl_s: Positive = 24 * 3600
