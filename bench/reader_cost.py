@@ -80,6 +80,11 @@ async def main(a: argparse.Namespace) -> None:
     after_snap, after_rss = tracemalloc.take_snapshot(), me.memory_info().rss
     print(f"readers live: {live}/{a.readers}; loop: {type(asyncio.get_running_loop()).__module__}")
     print(f"RSS growth per reader: {(after_rss - before_rss) / max(1, live) / 1024:.1f} KB (with tracemalloc on)")
+    by_file = after_snap.compare_to(before_snap, "filename")
+    print("per reader, by file:")
+    for stat in by_file[:12]:
+        name = stat.traceback[0].filename.removeprefix(sys.prefix + "/")
+        print(f"  {stat.size_diff / max(1, live):8.0f} B  {name}")
     stats = after_snap.compare_to(before_snap, "lineno")
     total = sum(s.size_diff for s in stats)
     print(f"Python allocations per reader: {total / max(1, live) / 1024:.2f} KB; top sites:")

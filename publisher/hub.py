@@ -78,7 +78,8 @@ class Hub:
         heartbeat_s: float = 15.0,
         live_batch_s: float = 0.0,
     ) -> None:
-        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost, live_batch_s)
+        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
+        self._staged: list[Topic] = []
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
@@ -226,6 +227,12 @@ class Hub:
             self._fail_barriers(RedisConnectionError("pub/sub connection lost"))
             await asyncio.sleep(RETRY_S)
 
+    def _flush_staged(self) -> None:
+        """After one read of the subscriber connection: fan out what it staged, one write per reader."""
+        staged, self._staged = self._staged, []
+        for topic in staged:
+            topic.flush()
+
     def _on_lost(self, exc: Exception | None) -> None:
         self._lost.set()
 
@@ -252,8 +259,8 @@ class Hub:
         kind = reply[0]
         if kind == b"message":
             topic = self._by_channel.get(reply[1])
-            if topic is not None:
-                topic.notified(parse_notification(reply[2]))
+            if topic is not None and topic.notified(parse_notification(reply[2])) == "delivered":
+                self._staged.append(topic)
         elif kind == b"pong":
             for barrier in self._barriers.pop(reply[1], []):
                 if not barrier.done():

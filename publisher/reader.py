@@ -24,8 +24,9 @@ CloseReason = Literal["overflow", "gap", "shutdown", "end"]
 """Why a reader stopped: its queue overflowed, stored history skipped seqs, shutdown, or
 its sink wrote the terminal event."""
 
-Sink = Callable[[Entry], bool]
-"""Writes one entry to the client now and returns True, or returns False to have it queued."""
+Sink = Callable[[list[Entry]], bool]
+"""Writes consecutive entries to the client now (one write) and returns True, or returns
+False to have them queued."""
 
 
 class Reader:
@@ -64,28 +65,45 @@ class Reader:
         self._wake: asyncio.Future[None] | None = None
 
     def offer(self, entry: Entry) -> None:
-        """Take one entry from the hub (never blocks).
+        """Take one entry from the hub (never blocks); see :meth:`offer_batch`."""
+        self.offer_batch([entry])
 
-        Entries at or below the cursor are ignored (already handled); ``cursor + 1`` goes
-        to the sink, else to the queue; anything higher closes the reader with ``gap``;
-        a full queue closes it with ``overflow``.
+    def offer_batch(self, entries: list[Entry]) -> None:
+        """Take consecutive entries from the hub (never blocks).
+
+        Entries at or below the cursor are ignored (already handled); the rest must
+        start at ``cursor + 1`` (else the reader closes with ``gap``) and go to the sink
+        in one write, else to the queue; a full queue closes the reader with ``overflow``.
         """
-        if self.closed is not None or entry.seq <= self.cursor:
+        if self.closed is not None:
             return
-        if entry.seq != self.cursor + 1:
-            self.fail_gap(entry.seq)
-        elif not self._queue and self.sink is not None and self.sink(entry):
-            self.cursor = entry.seq
-            if entry.terminal:
+        skip = 0
+        while skip < len(entries) and entries[skip].seq <= self.cursor:
+            skip += 1
+        batch = entries[skip:] if skip else entries
+        if not batch:
+            return
+        if batch[0].seq != self.cursor + 1:
+            self.fail_gap(batch[0].seq)
+        elif not self._queue and self.sink is not None and self.sink(batch):
+            self.cursor = batch[-1].seq
+            if batch[-1].terminal:
                 self.close("end")
-        elif len(self._queue) >= self.limit:
+        else:
+            for entry in batch:
+                if not self._enqueue(entry):
+                    return
+
+    def _enqueue(self, entry: Entry) -> bool:
+        if len(self._queue) >= self.limit:
             self.close("overflow")
             if self._on_overflow is not None:
                 self._on_overflow()
-        else:
-            self._queue.append(entry)
-            self.cursor = entry.seq
-            self._notify()
+            return False
+        self._queue.append(entry)
+        self.cursor = entry.seq
+        self._notify()
+        return True
 
     def fail_gap(self, found_seq: int | None) -> None:
         """Close with ``gap``: stored history does not continue the cursor (``found_seq``: what came instead)."""

@@ -193,19 +193,21 @@ class Session:
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         self.last_write = time.monotonic()
 
-    def deliver(self, entry: Entry) -> bool:
-        """Write one live entry to the socket now, if that cannot block (the reader's sink).
+    def deliver(self, entries: list[Entry]) -> bool:
+        """Write consecutive live entries to the socket now, in one write, if that cannot block (the sink).
 
         Returns:
-            True when the entry is handled (written, or hidden by the projection); False
-            when it must be queued: a write is in progress, the socket buffer is over
-            :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
+            True when the entries are handled (written, or hidden by the projection);
+            False when they must be queued: a write is in progress, the socket buffer is
+            over :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
         """
-        if not self._writable() or self.projection.needs_history(entry):
+        if not self._writable() or any(self.projection.needs_history(entry) for entry in entries):
             return False
-        if entry.frame and self.projection.visible(entry):
-            self._write_now(entry.frame)
-            self.telemetry.record_delivery(entry.ts_ms, "live")
+        sent = [entry for entry in entries if entry.frame and self.projection.visible(entry)]
+        if sent:
+            self._write_now(sent[0].frame if len(sent) == 1 else b"".join(entry.frame for entry in sent))
+            for entry in sent:
+                self.telemetry.record_delivery(entry.ts_ms, "live")
         return True
 
     async def _send(self, entries: list[Entry], phase: str) -> bool:

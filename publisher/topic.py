@@ -54,6 +54,8 @@ class Topic:
         self.reading = False
         """The pump's read is in flight."""
         self.backlog: list[Notification] = []
+        self.staged: list[Entry] = []
+        """Entries accepted from notifications of the current read, offered by :meth:`flush`."""
         self.heard_s = time.monotonic()
         """Monotonic time of the last notification (for the idle-topic audit)."""
         self.wake = asyncio.Event()
@@ -73,6 +75,7 @@ class Topic:
         if not self.live:
             self.fetched = reader.cursor
             self.backlog.clear()
+            self.staged.clear()
             if self.seen > reader.cursor:  # announced, maybe after this reader's last read
                 self.kick()
         self.live.add(reader)
@@ -91,8 +94,9 @@ class Topic:
         """Apply one notification (``None``: unparseable, so read).
 
         Returns:
-            ``delivered`` when its events were offered, ``read`` when the pump was asked
-            (or the events wait for its read), ``ignored`` when nothing is new.
+            ``delivered`` when its events were staged (the caller calls :meth:`flush`
+            once its read is handled), ``read`` when the pump was asked (or the events
+            wait for its read), ``ignored`` when nothing is new.
         """
         self.heard_s = time.monotonic()
         top = note.last_seq if note is not None else UNKNOWN_TOP
@@ -106,7 +110,7 @@ class Topic:
                 self.kick()
             return "read"
         if note is not None and note.events is not None and note.first_seq <= self.fetched + 1:
-            self.offer(self._entries(note))
+            self.stage(self._entries(note))
             return "delivered"
         self.kick()
         return "read"
@@ -122,17 +126,27 @@ class Topic:
                 return
             self.offer(self._entries(note))
 
-    def offer(self, entries: list[Entry]) -> None:
-        """Offer entries (seq order, continuing ``fetched``) to every live reader; drop closed ones."""
-        if not entries:
+    def stage(self, entries: list[Entry]) -> None:
+        """Accept entries (seq order, continuing ``fetched``) for the next :meth:`flush`."""
+        if entries:
+            self.staged.extend(entries)
+            self.fetched = entries[-1].seq
+
+    def flush(self) -> None:
+        """Offer the staged entries to every live reader at once (one write each); drop closed readers."""
+        if not self.staged:
             return
+        entries, self.staged = self.staged, []
         live = list(self.live)
-        for entry in entries:
-            for reader in live:
-                reader.offer(entry)
-        self.fetched = entries[-1].seq
+        for reader in live:
+            reader.offer_batch(entries)
         if any(reader.closed is not None for reader in live):
             self.live = {reader for reader in live if reader.closed is None}
+
+    def offer(self, entries: list[Entry]) -> None:
+        """Stage entries and flush now (after any staged before them)."""
+        self.stage(entries)
+        self.flush()
 
     def _entries(self, note: Notification) -> list[Entry]:
         assert note.events is not None
