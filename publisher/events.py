@@ -159,10 +159,14 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
         app[TELEMETRY].no_content.add(1)
         return early
     reader = Reader(stream_id, position, app[SETTINGS].client_queue, lambda: _overflowed(request))
-    async with app[HUB].join(reader):
-        page = await app[STORE].read_after(stream_id, position)
-        await check_first_page(request, stream_id, info, position, page)
-        return await _stream(request, reader, Projection(scope), page, info.last_seq)
+    hub = app[HUB]
+    try:
+        await hub.join(reader)
+        first = [await app[STORE].read_after(stream_id, position)]  # handed over, so no frame keeps the page
+        await check_first_page(request, stream_id, info, position, first[0])
+        return await _stream(request, reader, Projection(scope), first, info.last_seq)
+    finally:
+        hub.leave(reader)
 
 
 def _overflowed(request: web.Request) -> None:
@@ -173,7 +177,7 @@ def _overflowed(request: web.Request) -> None:
 
 
 async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  page: list[Entry], known_top: int) -> web.StreamResponse:
+                  first: list[list[Entry]], known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     if request.version >= (1, 1):
@@ -187,7 +191,7 @@ async def _stream(request: web.Request, reader: Reader, projection: Projection,
                       transport=request.transport, chunked=response.chunked)
     try:
         await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
-        await session.run(page)
+        await session.run(first)
         await response.write_eof()
     except ConnectionError:
         pass  # the client left, or its connection was dropped on overflow or a stalled write

@@ -25,11 +25,10 @@ order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRAN
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -125,24 +124,29 @@ class Hub:
         """Return how many streams this process is subscribed to."""
         return len(self._topics)
 
-    @contextlib.asynccontextmanager
-    async def join(self, reader: Reader) -> AsyncIterator[Reader]:
+    async def join(self, reader: Reader) -> None:
         """Register ``reader`` and wait until its stream's live channel is subscribed.
+
+        The caller must call :meth:`leave` afterwards (``try``/``finally``), also when
+        this raises. A plain pair instead of a context manager: an idle reader then holds
+        no generator frame.
 
         Raises:
             InternalError: Redis did not confirm the subscription in time or failed; no
-                response has started, so the caller answers 503.
+                response has started, so the caller answers 200 with a ``retry:`` hint.
         """
         topic = self._topics.get(reader.stream_id) or self._open(reader.stream_id)
         topic.readers.add(reader)
         try:
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    await asyncio.shield(topic.ready)
-            except (TimeoutError, RedisError) as exc:
-                raise InternalError("live subscription not confirmed by Redis") from exc
-            yield reader
-        finally:
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.shield(topic.ready)
+        except (TimeoutError, RedisError) as exc:
+            raise InternalError("live subscription not confirmed by Redis") from exc
+
+    def leave(self, reader: Reader) -> None:
+        """Unregister a reader registered by :meth:`join`; the last one out unsubscribes."""
+        topic = self._topics.get(reader.stream_id)
+        if topic is not None and reader in topic.readers:
             self._leave(topic, reader)
 
     def go_live(self, reader: Reader) -> bool:

@@ -68,6 +68,9 @@ class Session:
             are framed as chunks.
     """
 
+    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection", "reader",
+                 "response", "store", "telemetry", "transport", "write_timeout_s", "writing")
+
     def __init__(
         self,
         *,
@@ -99,9 +102,9 @@ class Session:
         self.chunked = chunked
         self.writing = False
 
-    async def run(self, first_page: list[Entry]) -> None:
-        """Serve the stream from ``first_page`` (already checked to start at cursor + 1) on."""
-        if not await self._replay(first_page):
+    async def run(self, first: list[list[Entry]]) -> None:
+        """Serve the stream from the first page (``[page]``, taken out; checked to start at cursor + 1) on."""
+        if not await self._replay(first.pop()):
             await self._live()
 
     async def _replay(self, page: list[Entry]) -> bool:
