@@ -64,16 +64,10 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
                     raise too_large
                 chunks.append(chunk)
     except TimeoutError:
-        raise BodyTimeoutError(timeout_s) from None
+        raise web.HTTPRequestTimeout(  # a problem document via the middleware (about:blank, 408)
+            reason="Request Timeout", headers={"Connection": "close"},
+            text=f"the request body did not arrive within {timeout_s} s (FANOUT_BODY_TIMEOUT_S)") from None
     return b"".join(chunks)
-
-
-class BodyTimeoutError(web.HTTPRequestTimeout):
-    """The request body did not arrive within ``FANOUT_BODY_TIMEOUT_S`` (answered 408, connection closed)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(reason="Request Timeout", headers={"Connection": "close"},
-                         text=f"the request body did not arrive within {timeout_s} s (FANOUT_BODY_TIMEOUT_S)")
 
 
 class ConnectionGate:
