@@ -16,7 +16,7 @@ COPY worker ./worker
 COPY publisher ./publisher
 RUN python -m venv /opt/fanout \
  && /opt/fanout/bin/pip install --upgrade pip \
- && /opt/fanout/bin/pip install ".[otel]"
+ && /opt/fanout/bin/pip install ".[otel,fast]"
 
 # --- final stage: the virtual environment and the transcripts, no build tools ----------
 FROM python:3.11-slim

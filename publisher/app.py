@@ -23,6 +23,7 @@ from aiohttp import web
 from opentelemetry import metrics, trace
 
 from publisher.accesslog import MaskedAccessLogger
+from publisher.edge import install_log_filter
 from publisher.hub import Hub
 from publisher.limits import ConnectionGate
 from publisher.middleware import add_cors_headers, cors_middleware, problem_middleware, telemetry_middleware
@@ -68,7 +69,9 @@ def create_app(
     app = web.Application(
         middlewares=[telemetry_middleware, cors_middleware, problem_middleware],
         client_max_size=settings.max_body_bytes,
+        handler_args={"keepalive_timeout": settings.header_timeout_s},
     )
+    install_log_filter()
     app[SETTINGS] = settings
     app[KEYS] = keys or Keys(settings.redis_prefix)
     app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
@@ -96,8 +99,8 @@ def _redis_context(
         app[STORE] = store = Store(commands, keys, settings.read_page)
         await announce_shards(client, app[SHARDS])
         live = await node_client(client)  # classic pub/sub: one node reaches the whole cluster
-        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s,
-                             reconnect=lambda: node_client(client))
+        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s, heartbeat_s=settings.heartbeat_s,
+                             live_batch_s=settings.live_batch_ms / 1000, reconnect=lambda: node_client(client))
         await hub.start()
         yield
         await hub.close()

@@ -26,22 +26,24 @@ Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from typing import Final
 
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
 from publisher.session import Session
-from publisher.sse import SSE_HEADERS, retry_frame
+from publisher.sse import SSE_HEADERS, busy_body, retry_frame
 from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.store import Entry, StreamInfo
 from publisher.tokens import Scope
 from publisher.visibility import Projection
+from schema.errors import InternalError
+from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +107,13 @@ async def check_first_page(request: web.Request, stream_id: str, info: StreamInf
 async def stream_events(request: web.Request) -> web.StreamResponse:
     """Serve one stream over SSE (see the module table for every non-200 answer).
 
+    A transient refusal (``FANOUT_MAX_CONNECTIONS`` reached, shutting down, Redis pool
+    busy or unreachable, live subscription not confirmed) is never a status that makes
+    EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered around
+    ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`).
+
     Raises:
-        ProblemError: 400, 401, 403, 404, 410 as tabled; 503 ``too-many-connections`` past
-            ``FANOUT_MAX_CONNECTIONS`` (with ``Retry-After``).
+        ProblemError: 400, 401, 403, 404, 410 as tabled (real client errors).
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
@@ -116,19 +122,34 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     if position > 0:
         telemetry.resumes.add(1)
     gate = request.app[GATE]
-    try:
-        gate.acquire()
-    except ProblemError as exc:
-        telemetry.refusal(exc.slug)
-        raise
+    refusal = gate.try_acquire()
+    if refusal is not None:
+        telemetry.refusal(refusal)
+        return await busy_stream(request, refusal)
     try:
         return await _answer(request, stream_id, scope, position)
     except ProblemError as exc:
         if exc.status == 410:
             telemetry.gone.add(1, {"cause": exc.slug})
         raise
+    except (*REDIS_ERRORS, InternalError) as exc:  # raised before the response started
+        log.warning("stream %s: storage unavailable before the response: %s", stream_id, exc)
+        return await busy_stream(request, "redis-unavailable")
     finally:
         gate.release()
+
+
+async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
+    """Answer 200 with only a ``retry:`` hint (about ``FANOUT_BUSY_RETRY_AFTER_S``, jittered ±50 %), then end.
+
+    Args:
+        request: The SSE request turned away.
+        reason: Problem slug of the transient condition (``too-many-connections``, ...).
+    """
+    retry_ms = int(request.app[SETTINGS].busy_retry_after_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
+    response = web.Response(status=200, headers=SSE_HEADERS, body=busy_body(retry_ms, reason))
+    response.force_close()
+    return response
 
 
 async def _answer(request: web.Request, stream_id: str, scope: Scope, position: int) -> web.StreamResponse:
@@ -140,10 +161,14 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
         app[TELEMETRY].no_content.add(1)
         return early
     reader = Reader(stream_id, position, app[SETTINGS].client_queue, lambda: _overflowed(request))
-    async with app[HUB].join(reader):
-        page = await app[STORE].read_after(stream_id, position)
-        await check_first_page(request, stream_id, info, position, page)
-        return await _stream(request, reader, Projection(scope), page, info.last_seq)
+    hub = app[HUB]
+    try:
+        await hub.join(reader)
+        first = [await app[STORE].read_after(stream_id, position)]  # handed over, so no frame keeps the page
+        await check_first_page(request, stream_id, info, position, first[0])
+        return await _stream(request, reader, Projection(scope), first, info.last_seq)
+    finally:
+        hub.leave(reader)
 
 
 def _overflowed(request: web.Request) -> None:
@@ -154,22 +179,25 @@ def _overflowed(request: web.Request) -> None:
 
 
 async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  page: list[Entry], known_top: int) -> web.StreamResponse:
+                  first: list[list[Entry]], known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    if request.version >= (1, 1):
+        response.enable_chunked_encoding()
     await response.prepare(request)
     app[TELEMETRY].open_connections.add(1)
     settings = app[SETTINGS]
     session = Session(response=response, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                       telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
-                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request))
+                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request),
+                      transport=request.transport, chunked=response.chunked)
     try:
         await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
-        await session.run(page)
+        await session.run(first)
         await response.write_eof()
     except ConnectionError:
         pass  # the client left, or its connection was dropped on overflow or a stalled write
-    except RedisError as exc:  # headers are sent: end the body, the client resumes
+    except REDIS_ERRORS as exc:  # headers are sent: end the body, the client resumes
         app[TELEMETRY].redis_error(exc)
         log.warning("stream %s: storage error mid-response: %s", reader.stream_id, exc)
     except Exception:  # headers are sent: no problem document is possible any more

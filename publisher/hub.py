@@ -1,13 +1,22 @@
-"""The fan-out hub: one Redis subscription per stream per process, one read per notification.
+"""The fan-out hub: one Redis subscription per stream per process; live events need no read.
 
-Readers of a stream share a :class:`Topic`. The first reader subscribes the stream's
-live channel (``P:{id}:live``, payload: last stored seq); the last one to leave
-unsubscribes. A reader joins *before* it reads history, and :meth:`Hub.join` returns
-only once Redis has confirmed the subscription (a ``PING`` sent after ``SUBSCRIBE`` on
-the same connection comes back after it), so nothing appended between the history read
-and the live tail is missed. After its history replay a reader calls :meth:`Hub.go_live`;
-from then on the topic's pump reads ``XRANGE (0-<fetched> +`` once per notification for
-all live readers and offers each entry to each of them (:meth:`Reader.offer`).
+Readers of a stream share a :class:`~publisher.topic.Topic`. The first reader subscribes
+the stream's live channel (``P:{id}:live``; payload: the appended events, or only the
+last seq, :mod:`publisher.live`); the last one to leave unsubscribes. A reader joins
+*before* it reads history, and :meth:`Hub.join` returns only once Redis has confirmed
+the subscription (a ``PING`` sent after ``SUBSCRIBE`` on the same connection comes back
+after it), so nothing appended between the history read and the live tail is missed.
+After its history replay a reader calls :meth:`Hub.go_live`; from then on a notification
+that carries its events is offered to every live reader straight from the listener's
+dispatch, and everything else (a seq-only notification, a gap, a resubscription) makes
+the topic's pump read ``XRANGE (0-<fetched> +`` once for all of them.
+
+Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
+interval), not one per response. An audit runs every half heartbeat interval over the topics that heard nothing for that
+long: one pipelined ``XREVRANGE <events> + - COUNT 1`` each. A top above ``fetched`` (a
+lost notification) is read; no events at all, or a top below ``fetched`` (Redis lost
+data), closes the topic's live readers with ``gap``, so each learns within one
+heartbeat interval.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
@@ -16,16 +25,20 @@ order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRAN
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from publisher.live import parse_notification
+from publisher.pubsub import PubSubLink, endpoint_of
 from publisher.reader import Reader
 from publisher.store import Store
+from publisher.topic import Topic
 from schema.errors import InternalError
 
 if TYPE_CHECKING:
@@ -35,37 +48,11 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause before the listener or a pump retries after a Redis error, seconds."""
+HEARTBEAT_TICKS = 4
+"""Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
+``: ping`` between 1 and 1.25 intervals after its last write."""
 CLOSE_TIMEOUT_S = 2.0
 """Longest wait for the hub's tasks to stop at shutdown, seconds."""
-
-
-class Topic:
-    """Readers of one stream and the shared live read position."""
-
-    def __init__(self, stream_id: str, channel: bytes) -> None:
-        self.stream_id = stream_id
-        self.channel = channel
-        self.readers: set[Reader] = set()
-        self.live: set[Reader] = set()
-        self.fetched = 0
-        """Last seq offered to the live readers; every live reader's cursor is >= it."""
-        self.pending = False
-        """A notification (or a new live reader) asks for a read."""
-        self.wake = asyncio.Event()
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.ready.add_done_callback(_consume)
-        self.pump: asyncio.Task[None] | None = None
-
-    def kick(self) -> None:
-        """Ask the pump for a read."""
-        self.pending = True
-        self.wake.set()
-
-
-def _consume(future: asyncio.Future[None]) -> None:
-    """Mark a failed subscription as seen even when no reader waited for it."""
-    if not future.cancelled():
-        future.exception()
 
 
 class Hub:
@@ -76,9 +63,12 @@ class Hub:
         store: Reads of stored entries (shared with the handlers).
         channel_of: Live channel name of a stream id (``Keys.live``).
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
-        reconnect: Returns a new client for the pub/sub connection after it failed (a
-            node of the current topology: :func:`worker.redis_client.node_client`); the
-            hub then subscribes every topic again on it. ``None``: keep retrying ``redis``.
+        heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
+        live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
+        reconnect: Returns a client of a node of the current topology
+            (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
+            the hub reconnects to that node and subscribes every topic again (after a
+            failover the old node may be gone for good). ``None``: retry the same node.
     """
 
     def __init__(
@@ -87,46 +77,45 @@ class Hub:
         store: Store,
         channel_of: Callable[[str], str],
         subscribe_timeout_s: float,
-        reconnect: Callable[[], Awaitable[aioredis.Redis]] | None = None,
+        *,
+        heartbeat_s: float = 15.0,
+        live_batch_s: float = 0.0,
+        reconnect: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
-        self._pubsub = redis.pubsub()
         self._reconnect = reconnect
-        self._clients: list[aioredis.Redis] = []
-        """Clients made by ``reconnect``, closed with the hub."""
+        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
+        self._staged: list[Topic] = []
         self._store = store
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
+        self._audit_s = heartbeat_s / 2
+        self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
-        self._barriers: dict[bytes, asyncio.Future[None]] = {}
-        self._commands: asyncio.Queue[tuple[Literal["sub", "unsub", "stop"], bytes, bytes]] = asyncio.Queue()
+        self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._pending: list[tuple[str, bytes, Topic | None]] = []
+        self._flush_due = False
         self._closing = False
-        self._connected = asyncio.Event()
+        self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start the pub/sub listener and the command writer."""
-        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._command_loop())]
+        """Start the pub/sub connection, the audit and the heartbeat timer."""
+        self._tasks = [asyncio.create_task(self._link_loop()), asyncio.create_task(self._audit_loop()),
+                       asyncio.create_task(self._beat_loop())]
 
     async def close(self) -> None:
-        """Stop every task and close the pub/sub connection.
-
-        A task may be inside a redis-py call when cancelled, and redis-py does not always
-        let the cancellation through; the loops also stop on :attr:`_closing` and a stop
-        command, and the wait is bounded by :data:`CLOSE_TIMEOUT_S`.
-        """
+        """Stop every task and close the pub/sub connection (the wait is bounded by :data:`CLOSE_TIMEOUT_S`)."""
         self._closing = True
         for reader in self.readers():
             reader.close("shutdown")
-        self._commands.put_nowait(("stop", b"", b""))
+        self._link.close()
+        self._lost.set()
         tasks = [*self._tasks, *(t.pump for t in self._topics.values() if t.pump is not None)]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
-        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
-        for client in self._clients:
-            await client.aclose()
 
     def readers(self) -> list[Reader]:
         """Return every joined reader (for shutdown)."""
@@ -141,24 +130,29 @@ class Hub:
         """Return how many streams this process is subscribed to."""
         return len(self._topics)
 
-    @contextlib.asynccontextmanager
-    async def join(self, reader: Reader) -> AsyncIterator[Reader]:
+    async def join(self, reader: Reader) -> None:
         """Register ``reader`` and wait until its stream's live channel is subscribed.
+
+        The caller must call :meth:`leave` afterwards (``try``/``finally``), also when
+        this raises. A plain pair instead of a context manager: an idle reader then holds
+        no generator frame.
 
         Raises:
             InternalError: Redis did not confirm the subscription in time or failed; no
-                response has started, so the caller answers 503.
+                response has started, so the caller answers 200 with a ``retry:`` hint.
         """
         topic = self._topics.get(reader.stream_id) or self._open(reader.stream_id)
         topic.readers.add(reader)
         try:
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    await asyncio.shield(topic.ready)
-            except (TimeoutError, RedisError) as exc:
-                raise InternalError("live subscription not confirmed by Redis") from exc
-            yield reader
-        finally:
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.shield(topic.ready)
+        except (TimeoutError, RedisError) as exc:
+            raise InternalError("live subscription not confirmed by Redis") from exc
+
+    def leave(self, reader: Reader) -> None:
+        """Unregister a reader registered by :meth:`join`; the last one out unsubscribes."""
+        topic = self._topics.get(reader.stream_id)
+        if topic is not None and reader in topic.readers:
             self._leave(topic, reader)
 
     def go_live(self, reader: Reader) -> bool:
@@ -169,22 +163,13 @@ class Hub:
             False when the topic already offered entries past ``reader.cursor``: the
             caller must read history further and call again.
         """
-        topic = self._topics[reader.stream_id]
-        if topic.live and reader.cursor < topic.fetched:
-            return False
-        if not topic.live:
-            topic.fetched = reader.cursor
-        topic.live.add(reader)
-        topic.kick()
-        return True
+        return self._topics[reader.stream_id].go_live(reader)
 
     def _open(self, stream_id: str) -> Topic:
         channel = self._channel_of(stream_id).encode()
         topic = Topic(stream_id, channel)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
-        token = uuid.uuid4().hex.encode()
-        self._barriers[token] = topic.ready
-        self._commands.put_nowait(("sub", channel, token))
+        self._queue("sub", channel, topic)
         topic.pump = asyncio.create_task(self._pump(topic))
         return topic
 
@@ -197,23 +182,85 @@ class Hub:
         del self._by_channel[topic.channel]
         if topic.pump is not None:
             topic.pump.cancel()
-        self._commands.put_nowait(("unsub", topic.channel, b""))
+        self._queue("unsub", topic.channel, None)
 
-    async def _command_loop(self) -> None:
+    def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
+        """Queue one (un)subscription; everything queued in one loop turn is sent together."""
+        self._pending.append((op, channel, topic))
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the queued commands in order, each run of one kind as one command.
+
+        A burst of new topics (a reconnect storm) becomes one ``SUBSCRIBE`` of every
+        channel and one ``PING`` that confirms them all. While disconnected nothing is
+        sent: the reconnect subscribes every topic held then.
+        """
+        self._flush_due = False
+        if not self._link.connected:
+            return
+        batch, self._pending = self._pending, []
+        for op, run in _runs(batch):
+            self._send_run(op, run)
+
+    def _send_run(self, op: str, run: Sequence[tuple[bytes, Topic | None]]) -> None:
+        channels = [channel for channel, _ in run]
+        if op == "unsub":
+            self._link.send("UNSUBSCRIBE", *channels)
+            return
+        token = uuid.uuid4().hex.encode()
+        self._barriers[token] = [topic.ready for _, topic in run if topic is not None]
+        self._link.send("SUBSCRIBE", *channels)
+        self._link.send("PING", token)
+
+    async def _link_loop(self) -> None:
+        """Keep the subscriber connection open; after each (re)connect, subscribe every topic held."""
         while not self._closing:
-            op, channel, token = await self._commands.get()
             try:
-                if op == "stop":
-                    return
-                if op == "sub":
-                    await self._pubsub.subscribe(channel)
-                    self._connected.set()
-                    await self._pubsub.ping(token)
-                else:
-                    await self._pubsub.unsubscribe(channel)
+                await self._link.connect()
             except RedisError as exc:
-                log.warning("pub/sub %s of %r failed: %s", op, channel, exc)
+                log.warning("pub/sub connection failed (%s); retrying in %ss", exc, RETRY_S)
                 self._fail_barriers(exc)
+                await asyncio.sleep(RETRY_S)
+                await self._repoint()
+                continue
+            self._lost.clear()
+            self._pending.clear()
+            held = [(topic.channel, topic) for topic in self._topics.values()]
+            if held:
+                self._send_run("sub", held)
+            await self._lost.wait()
+            if self._closing:
+                return
+            log.warning("pub/sub connection lost; reconnecting")
+            self._fail_barriers(RedisConnectionError("pub/sub connection lost"))
+            await asyncio.sleep(RETRY_S)
+            await self._repoint()
+
+    async def _repoint(self) -> None:
+        """Point the subscriber connection at a node of the current topology (no-op without ``reconnect``)."""
+        if self._reconnect is None:
+            return
+        try:
+            client = await self._reconnect()
+        except (RedisError, OSError) as exc:
+            log.warning("pub/sub: no node to reconnect to yet (%s)", exc)
+            return
+        try:
+            self._link.endpoint = endpoint_of(client)
+        finally:
+            await client.aclose()
+
+    def _flush_staged(self) -> None:
+        """After one read of the subscriber connection: fan out what it staged, one write per reader."""
+        staged, self._staged = self._staged, []
+        for topic in staged:
+            topic.flush()
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self._lost.set()
 
     def _fail_barriers(self, exc: RedisError) -> None:
         """Fail every unconfirmed subscription: its confirmation may never come.
@@ -221,75 +268,33 @@ class Hub:
         Its waiting readers answer 503; the topic is dropped when they leave, so the
         next reader subscribes afresh.
         """
-        for barrier in self._barriers.values():
-            if not barrier.done():
-                barrier.set_exception(exc)
+        for barriers in self._barriers.values():
+            for barrier in barriers:
+                if not barrier.done():
+                    barrier.set_exception(exc)
         self._barriers.clear()
+        for topic in self._topics.values():  # queued, not sent: no confirmation is coming either
+            if not topic.ready.done():
+                topic.ready.set_exception(exc)
 
-    async def _listen(self) -> None:
-        while not self._closing:
-            await self._connected.wait()
-            try:
-                message = await self._pubsub.get_message(timeout=None)
-            except RedisError as exc:
-                if self._closing:
-                    return
-                log.warning("pub/sub connection lost (%s); reconnecting", exc)
-                self._fail_barriers(exc)
-                await asyncio.sleep(RETRY_S)
-                await self._repoint()
-                continue
-            if message is not None:
-                self._dispatch(message)
-
-    async def _repoint(self) -> None:
-        """Move the pub/sub connection to a node of the current topology and subscribe every topic again.
-
-        After a failover the old node may be gone for good; redis-py would retry its
-        address forever. Without ``reconnect`` nothing changes. A topic's ``subscribe``
-        confirmation kicks its pump (:meth:`_dispatch`), so live readers catch up on
-        what was appended meanwhile.
-        """
-        if self._reconnect is None:
+    def _dispatch(self, reply: Any) -> None:
+        """Handle one pushed reply: ``[kind, channel or token, data]`` (RESP2 pub/sub)."""
+        if not isinstance(reply, list) or len(reply) < 2:
+            log.warning("pub/sub: unexpected reply %r", reply if not isinstance(reply, bytes) else reply[:80])
             return
-        try:
-            client = await self._reconnect()
-        except RedisError as exc:
-            log.warning("pub/sub: no node to reconnect to yet (%s)", exc)
-            return
-        self._clients.append(client)
-        old, self._pubsub = self._pubsub, client.pubsub()
-        self._connected.clear()
-        with contextlib.suppress(RedisError, OSError):
-            await old.aclose()  # type: ignore[no-untyped-call]
-        for topic in self._topics.values():
-            self._commands.put_nowait(("sub", topic.channel, b""))
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind, data = message["type"], message["data"]
-        if kind == "pong":
-            barrier = self._barriers.pop(bytes(data or b""), None)
-            if barrier is not None and not barrier.done():
-                barrier.set_result(None)
-            return
-        topic = self._by_channel.get(message["channel"])
-        if topic is None:
-            return
-        if kind == "message":
-            self._notify(topic, data)
-        elif kind == "subscribe" and topic.live:
-            topic.kick()  # (re)subscribed, maybe after a reconnect: notifications may be lost
-
-    @staticmethod
-    def _notify(topic: Topic, data: bytes) -> None:
-        try:
-            top = int(data)
-        except ValueError:
-            top = topic.fetched + 1
-        if top > topic.fetched and topic.live:
-            topic.kick()
-        elif top > topic.fetched:
-            topic.pending = True
+        kind = reply[0]
+        if kind == b"message":
+            topic = self._by_channel.get(reply[1])
+            if topic is not None and topic.notified(parse_notification(reply[2])) == "delivered":
+                self._staged.append(topic)
+        elif kind == b"pong":
+            for barrier in self._barriers.pop(reply[1], []):
+                if not barrier.done():
+                    barrier.set_result(None)
+        elif kind == b"subscribe":
+            topic = self._by_channel.get(reply[1])
+            if topic is not None:
+                topic.resubscribed()
 
     async def _pump(self, topic: Topic) -> None:
         while not self._closing:
@@ -297,12 +302,16 @@ class Hub:
             topic.wake.clear()
             while topic.pending and topic.live:
                 topic.pending = False
+                topic.reading = True
                 try:
                     await self._fetch(topic)
                 except RedisError as exc:
                     log.warning("live read of %s failed: %s", topic.stream_id, exc)
                     topic.pending = True
                     await asyncio.sleep(RETRY_S)
+                finally:
+                    topic.reading = False
+                topic.after_read()
 
     async def _fetch(self, topic: Topic) -> None:
         start = topic.fetched
@@ -310,11 +319,72 @@ class Hub:
         if topic.fetched != start:  # the live set emptied and restarted meanwhile
             topic.pending = True
             return
-        for entry in page:
-            for reader in list(topic.live):
-                reader.offer(entry)
-        topic.live = {reader for reader in topic.live if reader.closed is None}
-        if page:
-            topic.fetched = page[-1].seq
+        topic.offer(page)
         if len(page) >= self._store.page:
             topic.pending = True
+
+    async def _beat_loop(self) -> None:
+        """Offer every live reader a heartbeat each tick: the one heartbeat timer of the process."""
+        while not self._closing:
+            await asyncio.sleep(self._beat_s)
+            now = time.monotonic()
+            for topic in list(self._topics.values()):
+                for reader in list(topic.live):
+                    if reader.beat is not None:
+                        reader.beat(now)
+
+    async def _audit_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._audit_s)
+            try:
+                await self._audit()
+            except RedisError as exc:
+                log.warning("live audit failed: %s", exc)
+
+    async def _audit(self) -> None:
+        """Check the stored top of every live topic that heard nothing for an audit interval."""
+        quiet_since = time.monotonic() - self._audit_s
+        topics = [t for t in self._topics.values()
+                  if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
+        if not topics:
+            return
+        tops = await self._store.tops([t.stream_id for t in topics])
+        for topic, (top, state) in zip(topics, tops, strict=True):
+            if not topic.live or topic.pending or topic.reading:
+                continue
+            if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
+                log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
+                            topic.stream_id, top, topic.fetched)
+                for reader in list(topic.live):
+                    reader.fail_gap(None)
+                topic.live.clear()
+            elif top is not None and top > topic.fetched:
+                topic.kick()
+            elif state == "done" and top is not None:
+                self._end_unterminated(topic, top)
+
+    @staticmethod
+    def _end_unterminated(topic: Topic, top: int) -> None:
+        """End the readers of a stream that ended with no terminal event (storage refused it).
+
+        The worker then marks meta ``state=done`` with the status instead
+        (``worker.salvage``); a reader holding the top is closed, so its response ends and
+        its reconnect gets the 204 while the status route shows the status.
+        """
+        done = [reader for reader in topic.live if reader.cursor >= top]
+        if done:
+            log.warning("stream %s ended at seq %s without a terminal event (storage refused it)", topic.stream_id, top)
+        for reader in done:
+            reader.close("end")
+            topic.live.discard(reader)
+
+
+def _runs(batch: Sequence[tuple[str, bytes, Topic | None]]) -> list[tuple[str, list[tuple[bytes, Topic | None]]]]:
+    """Group consecutive commands of one kind, keeping their order: ``[(op, [(channel, topic)])]``."""
+    runs: list[tuple[str, list[tuple[bytes, Topic | None]]]] = []
+    for op, channel, topic in batch:
+        if runs and runs[-1][0] == op:
+            runs[-1][1].append((channel, topic))
+        else:
+            runs.append((op, [(channel, topic)]))
+    return runs

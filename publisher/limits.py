@@ -6,12 +6,14 @@ the limit passes, one past it fails with a problem document.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Final
 
 from aiohttp import web
 
 from publisher.problems import ProblemError
+from publisher.state import SETTINGS
 from schema.contract import STREAM_ID_PATTERN
 
 STREAM_ID_RE: Final = re.compile(STREAM_ID_PATTERN)
@@ -38,24 +40,33 @@ def path_stream_id(request: web.Request) -> str:
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """Read the whole request body, refusing more than ``max_bytes`` bytes.
+    """Read the whole request body, refusing more than ``max_bytes`` bytes or a slow sender.
 
     A declared ``Content-Length`` past the limit is refused before reading; a chunked
-    body is refused as soon as it passes the limit.
+    body is refused as soon as it passes the limit. The whole body must arrive within
+    ``FANOUT_BODY_TIMEOUT_S``.
 
     Raises:
-        ProblemError: ``body-too-large`` (413).
+        ProblemError: ``body-too-large`` (413); a 408 problem (``about:blank``, "Request
+            Timeout") when the body did not arrive in time (the connection is closed).
     """
     too_large = ProblemError("body-too-large", f"the request body exceeds {max_bytes} bytes (FANOUT_MAX_BODY_BYTES)")
     if request.content_length is not None and request.content_length > max_bytes:
         raise too_large
+    timeout_s = request.app[SETTINGS].body_timeout_s
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.read(READ_CHUNK_BYTES):
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.read(READ_CHUNK_BYTES):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(  # a problem document via the middleware (about:blank, 408)
+            reason="Request Timeout", headers={"Connection": "close"},
+            text=f"the request body did not arrive within {timeout_s} s (FANOUT_BODY_TIMEOUT_S)") from None
     return b"".join(chunks)
 
 
@@ -64,7 +75,7 @@ class ConnectionGate:
 
     Args:
         limit: Most open responses (``FANOUT_MAX_CONNECTIONS``).
-        retry_after_s: ``Retry-After`` of the 503 past the limit, seconds.
+        retry_after_s: Reconnection delay hinted past the limit, seconds.
     """
 
     def __init__(self, limit: int, retry_after_s: int) -> None:
@@ -74,25 +85,21 @@ class ConnectionGate:
         self.closing = False
         """Set at shutdown: every new SSE request is refused."""
 
-    def acquire(self) -> None:
-        """Take one slot; release it with :meth:`release` when the response ends.
+    def try_acquire(self) -> str | None:
+        """Take one slot (give it back with :meth:`release`), or say why not.
 
-        Raises:
-            ProblemError: ``too-many-connections`` (503, ``Retry-After``) when all slots are taken.
+        Returns:
+            ``None`` when a slot was taken; else the transient reason, a problem slug:
+            ``shutting-down`` or ``too-many-connections``. An SSE request is then
+            answered 200 with a ``retry:`` hint and closed (:func:`publisher.sse.busy_body`),
+            so a browser's EventSource reconnects instead of giving up.
         """
         if self.closing:
-            raise ProblemError(
-                "shutting-down",
-                "this publisher is shutting down; reconnect to another",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            return "shutting-down"
         if self.open >= self.limit:
-            raise ProblemError(
-                "too-many-connections",
-                f"this publisher already serves {self.limit} event streams; retry later or elsewhere",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            return "too-many-connections"
         self.open += 1
+        return None
 
     def release(self) -> None:
         """Give back one slot."""

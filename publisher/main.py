@@ -24,6 +24,8 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from publisher.app import RUNNER_KWARGS, create_app
+from publisher.edge import EdgeRunner
+from publisher.edge import run as run_loop
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.state import REDIS
 from publisher.status import READY_TIMEOUT_S
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     check_redis_url(settings.redis_url)
     try:
-        return asyncio.run(serve(settings, args.host, args.port))
+        return run_loop(serve(settings, args.host, args.port), use_uvloop=settings.uvloop)
     except (*REDIS_ERRORS, ValueError) as exc:
         print(f"fanout publisher: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
               f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER", file=sys.stderr)
@@ -72,7 +74,7 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider)
-    runner = web.AppRunner(app, handle_signals=False, **RUNNER_KWARGS)
+    runner = EdgeRunner(app, handle_signals=False, **RUNNER_KWARGS)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -19,7 +19,7 @@ from aiohttp import web
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from publisher.problems import ProblemError, from_http_exception
+from publisher.problems import FieldError, ProblemError, from_http_exception
 from publisher.state import SETTINGS, TELEMETRY
 from schema.errors import InternalError
 from worker.redis_client import REDIS_ERRORS
@@ -80,6 +80,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     nothing reaches here after headers were sent.
     """
     try:
+        refuse_repeated_headers(request)
         return await handler(request)
     except ProblemError as exc:
         return exc.response()
@@ -95,6 +96,22 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except Exception:
         log.exception("%s %s: unexpected error", request.method, request.path)
         return ProblemError("internal", "internal error; it was logged").response()
+
+
+SINGLE_HEADERS = ("Authorization", "Last-Event-ID")
+"""Headers a request may carry at most once; a second one is a 400, never "first wins"."""
+
+
+def refuse_repeated_headers(request: web.Request) -> None:
+    """Refuse a request that repeats a header of :data:`SINGLE_HEADERS`.
+
+    Raises:
+        ProblemError: ``invalid-field`` (400) naming the header (never its values).
+    """
+    for name in SINGLE_HEADERS:
+        if len(request.headers.getall(name, ())) > 1:
+            raise ProblemError("invalid-field", f"the {name} header is sent more than once; send it once",
+                               errors=[FieldError(field=name, detail="sent more than once")])
 
 
 def _allowed_origin(request: web.Request) -> str | None:

@@ -1,23 +1,31 @@
-"""One SSE reader's live position and bounded queue, fed by the hub without ever waiting.
+"""One SSE reader's live position, fed by the hub without ever waiting.
 
-The hub calls :meth:`Reader.offer` for every entry it reads for a stream; the reader
-keeps only the next seq after its cursor, so the hand-over from history replay to live
-reading can neither skip nor repeat an entry, and a seq that jumps is a gap. A full queue
-closes the reader (``overflow``) instead of slowing the hub or other readers: its client
-resumes from Redis with ``Last-Event-ID``. No Redis, no aiohttp.
+The hub calls :meth:`Reader.offer` for every entry of a stream; the reader keeps only
+the next seq after its cursor, so the hand-over from history replay to live reading can
+neither skip nor repeat an entry, and a seq that jumps is a gap. A reader that keeps up
+has a *sink* (its response's direct write, :meth:`publisher.session.Session.deliver`):
+the entry goes to its socket right there, in the hub's dispatch, with no task wake-up.
+Only when the sink declines (the socket's buffer is full, a write is in progress, the
+entry needs a history read) is the entry queued, and the response's task woken to write
+it. A full queue closes the reader (``overflow``) instead of slowing the hub or other
+readers: its client resumes from Redis with ``Last-Event-ID``. No Redis, no aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
 from publisher.store import Entry
 
-CloseReason = Literal["overflow", "gap", "shutdown"]
-"""Why a reader stopped: its queue overflowed, stored history skipped seqs, or shutdown."""
+CloseReason = Literal["overflow", "gap", "shutdown", "end"]
+"""Why a reader stopped: its queue overflowed, stored history skipped seqs, shutdown, or
+its sink wrote the terminal event."""
+
+Sink = Callable[[list[Entry]], bool]
+"""Writes consecutive entries to the client now (one write) and returns True, or returns
+False to have them queued."""
 
 
 class Reader:
@@ -32,6 +40,8 @@ class Reader:
             response uses it to drop its connection even while blocked writing.
     """
 
+    __slots__ = ("_on_overflow", "_queue", "_wake", "beat", "closed", "cursor", "gap", "limit", "sink", "stream_id")
+
     def __init__(
         self,
         stream_id: str,
@@ -43,38 +53,68 @@ class Reader:
         self.cursor = cursor
         self.limit = limit
         self.closed: CloseReason | None = None
-        self.gap: tuple[int, int] | None = None
-        """``(cursor, first seq found)`` when closed for a gap."""
+        self.gap: tuple[int, int | None] | None = None
+        """``(cursor, first seq found or None)`` when closed for a gap."""
+        self.sink: Sink | None = None
+        """Direct write of a live response; ``None`` while it replays history."""
+        self.beat: Callable[[float], None] | None = None
+        """Heartbeat of a live response, called by the hub's shared timer with the monotonic time."""
         self._on_overflow = on_overflow
-        self._queue: deque[Entry] = deque()
-        self._wake = asyncio.Event()
+        self._queue: list[Entry] = []  # a list, not a deque: 56 bytes while empty, which is nearly always
+        self._wake: asyncio.Future[None] | None = None
 
     def offer(self, entry: Entry) -> None:
-        """Take one entry read by the hub (never blocks).
+        """Take one entry from the hub (never blocks); see :meth:`offer_batch`."""
+        self.offer_batch([entry])
 
-        Entries at or below the cursor are ignored (already handled); ``cursor + 1`` is
-        queued; anything higher closes the reader with ``gap``; a full queue closes it
-        with ``overflow``.
+    def offer_batch(self, entries: list[Entry]) -> None:
+        """Take consecutive entries from the hub (never blocks).
+
+        Entries at or below the cursor are ignored (already handled); the rest must
+        start at ``cursor + 1`` (else the reader closes with ``gap``) and go to the sink
+        in one write, else to the queue; a full queue closes the reader with ``overflow``.
         """
-        if self.closed is not None or entry.seq <= self.cursor:
+        if self.closed is not None:
             return
-        if entry.seq != self.cursor + 1:
-            self.gap = (self.cursor, entry.seq)
-            self.close("gap")
-        elif len(self._queue) >= self.limit:
+        skip = 0
+        while skip < len(entries) and entries[skip].seq <= self.cursor:
+            skip += 1
+        batch = entries[skip:] if skip else entries
+        if not batch:
+            return
+        if batch[0].seq != self.cursor + 1:
+            self.fail_gap(batch[0].seq)
+        elif not self._queue and self.sink is not None and self.sink(batch):
+            self.cursor = batch[-1].seq
+            if batch[-1].terminal:
+                self.close("end")
+        else:
+            for entry in batch:
+                if not self._enqueue(entry):
+                    return
+
+    def _enqueue(self, entry: Entry) -> bool:
+        if len(self._queue) >= self.limit:
             self.close("overflow")
             if self._on_overflow is not None:
                 self._on_overflow()
-        else:
-            self._queue.append(entry)
-            self.cursor = entry.seq
-            self._wake.set()
+            return False
+        self._queue.append(entry)
+        self.cursor = entry.seq
+        self._notify()
+        return True
+
+    def fail_gap(self, found_seq: int | None) -> None:
+        """Close with ``gap``: stored history does not continue the cursor (``found_seq``: what came instead)."""
+        if self.closed is None:
+            self.gap = (self.cursor, found_seq)
+            self.close("gap")
 
     def close(self, reason: CloseReason) -> None:
         """Stop the reader; the first reason wins. Queued entries survive only a ``gap``."""
         if self.closed is None:
             self.closed = reason
-            self._wake.set()
+            self._notify()
 
     def take_queued(self) -> list[Entry]:
         """Return (and remove) every entry queued now, without waiting; empty once closed but for a gap."""
@@ -88,21 +128,42 @@ class Reader:
         """Return how many entries wait in the queue."""
         return len(self._queue)
 
-    async def next(self, timeout_s: float) -> Entry | None:
-        """Return the next queued entry, waiting at most ``timeout_s`` seconds.
+    def poke(self) -> None:
+        """Wake the response's task (a heartbeat is due and the sink could not write it)."""
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until an entry is queued, the reader is closed or poked, or ``timeout_s`` passes.
+
+        Returns at once when entries are queued or the reader is closed. Creates one
+        future per wait and no timer unless ``timeout_s`` is given.
+        """
+        if self._queue or self.closed is not None:
+            return
+        self._wake = asyncio.get_running_loop().create_future()
+        try:
+            if timeout_s is None:
+                await self._wake
+            else:
+                await asyncio.wait_for(asyncio.shield(self._wake), timeout_s)
+        except TimeoutError:
+            return
+        finally:
+            self._wake = None
+
+    async def next(self, timeout_s: float | None = None) -> Entry | None:
+        """Return the next queued entry, waiting at most ``timeout_s`` seconds (``None``: until woken).
 
         Returns:
-            The entry, or ``None`` on timeout (send a heartbeat) or once the reader is
-            closed and has nothing more to deliver (check :attr:`closed`).
+            The entry, or ``None`` on timeout, when poked (a heartbeat is due) or once
+            the reader is closed and has nothing more to deliver (check :attr:`closed`).
         """
-        while True:
-            if self._queue and self.closed in (None, "gap"):
-                return self._queue.popleft()
-            if self.closed is not None:
-                return None
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await self._wake.wait()
-            except TimeoutError:
-                return None
+        if not self._queue and self.closed is None:
+            await self.wait(timeout_s)
+        if self._queue and self.closed in (None, "gap"):
+            return self._queue.pop(0)
+        return None

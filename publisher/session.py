@@ -14,6 +14,12 @@ gap, on queue overflow, at shutdown, and when the client takes no
 :data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
 is dropped, as on overflow).
 
+Once live, the session gives its reader a sink (:meth:`Session.deliver`): an entry the
+client may see is written to the socket right in the hub's dispatch, framed for the
+response's transfer coding, when nothing else is being written and the socket's write
+buffer holds at most :data:`DIRECT_BUFFER_BYTES`; otherwise it is queued and this task
+writes it, with the write timeout.
+
 Follows WHATWG HTML "9.2 Server-sent events" for the wire format.
 """
 
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 
 WRITE_SLICE_BYTES: Final = 64 * 1024
 """Bytes written per step of a large write; the client must take each within ``write_timeout_s``."""
+DIRECT_BUFFER_BYTES: Final = 64 * 1024
+"""Most bytes a socket's write buffer may hold for the hub to write to it directly; past
+it entries are queued and written by the response's task, which waits for the client."""
 
 
 class Session:
@@ -55,7 +64,13 @@ class Session:
         known_top: The stored top seq read before the first page (``StreamInfo.last_seq``).
         write_timeout_s: Longest wait for the client to take one slice of a write, seconds.
         on_stall: Drops the connection of a client that stopped reading.
+        transport: The response's socket, for direct writes (``None``: never direct).
+        chunked: The response uses chunked transfer coding (HTTP/1.1), so direct writes
+            are framed as chunks.
     """
+
+    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection", "reader",
+                 "response", "store", "telemetry", "transport", "write_timeout_s", "writing")
 
     def __init__(
         self,
@@ -70,6 +85,8 @@ class Session:
         known_top: int,
         write_timeout_s: float,
         on_stall: Callable[[], None],
+        transport: asyncio.Transport | None = None,
+        chunked: bool = False,
     ) -> None:
         self.response = response
         self.reader = reader
@@ -82,35 +99,49 @@ class Session:
         self.write_timeout_s = write_timeout_s
         self.on_stall = on_stall
         self.last_write = time.monotonic()
+        self.transport = transport
+        self.chunked = chunked
+        self.writing = False
 
-    async def run(self, first_page: list[Entry]) -> None:
-        """Serve the stream from ``first_page`` (already checked to start at cursor + 1) on."""
-        if not await self._replay(first_page):
+    async def run(self, first: list[list[Entry]]) -> None:
+        """Serve the stream from the first page (``[page]``, taken out; checked to start at cursor + 1) on."""
+        if not await self._replay(first.pop()):
             await self._live()
 
     async def _replay(self, page: list[Entry]) -> bool:
-        """Send history until the reader is live; return True when the response must end."""
+        """Send history until the reader is live; return True when the response must end.
+
+        While one full page is written, the next is already being read (one read ahead).
+        """
         stale = False
         while True:
             entries, gap_seq = self._continuing(page)
-            if await self._send(entries, "replay"):
-                return True
-            if gap_seq is not None:
-                await self._gap(self.reader.cursor, gap_seq)
-                return True
-            if self.reader.closed is not None:
-                return True
-            if len(page) < self.store.page:
-                if self.reader.cursor < self.known_top:  # stored before this request, gone now
-                    await self._gap(self.reader.cursor, None)
+            ahead = None
+            if gap_seq is None and len(page) >= self.store.page:
+                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor))
+                ahead.add_done_callback(_retrieve)
+            try:
+                if await self._send(entries, "replay"):
                     return True
-                if self.hub.go_live(self.reader):
-                    return False
-                if stale and not page:  # live readers got entries that a later read cannot find
-                    await self._gap(self.reader.cursor, None)
+                if gap_seq is not None:
+                    await self._gap(self.reader.cursor, gap_seq)
                     return True
-                stale = not page
-            page = await self.store.read_after(self.reader.stream_id, self.reader.cursor)
+                if self.reader.closed is not None:
+                    return True
+                if len(page) < self.store.page:
+                    if self.reader.cursor < self.known_top:  # stored before this request, gone now
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    if self.hub.go_live(self.reader):
+                        return False
+                    if stale and not page:  # live readers got entries that a later read cannot find
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    stale = not page
+                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor))
+            finally:
+                if ahead is not None:
+                    ahead.cancel()  # no-op once it is done
 
     def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
         """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq."""
@@ -121,37 +152,67 @@ class Session:
         return page, None
 
     async def _live(self) -> None:
-        """Send queued entries, with a heartbeat whenever nothing was written for a while."""
-        while True:
-            idle_s = time.monotonic() - self.last_write
-            entry = await self.reader.next(max(0.0, self.heartbeat_s - idle_s))
-            if entry is not None:
-                if await self._send([entry, *self.reader.take_queued()], "live"):
-                    return
-            elif self.reader.closed == "gap":
-                after, found = self.reader.gap or (self.reader.cursor, None)
-                await self._gap(after, found)
-                return
-            elif self.reader.closed is not None:
-                return
-            elif time.monotonic() - self.last_write >= self.heartbeat_s:
-                if await self._ended_without_event():
-                    return
-                await self._write(PING)
+        """Send queued entries; heartbeats come from the hub's shared timer (:meth:`beat`).
 
-    async def _ended_without_event(self) -> bool:
-        """Whether the stream ended with no terminal event after the cursor (storage refused it).
-
-        The worker then marks meta ``state=done`` with the status instead
-        (``worker.salvage``). Checked once per idle heartbeat; the response ends, and the
-        reconnect gets 204 while the status route shows the status.
+        While idle this task waits on one future: no timer of its own.
         """
-        info = await self.store.info(self.reader.stream_id)
-        if info.terminal and self.reader.cursor >= info.last_seq:
-            log.warning("stream %s ended at seq %s without a terminal event (storage refused it)",
-                        self.reader.stream_id, info.last_seq)
-            return True
-        return False
+        self.reader.sink, self.reader.beat = self.deliver, self.beat
+        try:
+            while True:
+                entry = await self.reader.next()
+                if entry is not None:
+                    if await self._send([entry, *self.reader.take_queued()], "live"):
+                        return
+                elif self.reader.closed == "gap":
+                    after, found = self.reader.gap or (self.reader.cursor, None)
+                    await self._gap(after, found)
+                    return
+                elif self.reader.closed is not None:
+                    return
+                elif time.monotonic() - self.last_write >= self.heartbeat_s:  # poked: the socket was busy
+                    await self._write(PING)
+        finally:
+            self.reader.sink = self.reader.beat = None
+
+    def beat(self, now_s: float) -> None:
+        """Send ``: ping`` when nothing was written for ``heartbeat_s``: directly, or by waking this task.
+
+        Args:
+            now_s: ``time.monotonic()`` of the hub's timer tick.
+        """
+        if now_s - self.last_write < self.heartbeat_s:
+            return
+        if self._writable():
+            self._write_now(PING)
+        else:
+            self.reader.poke()  # the task writes it, with the write timeout (a stalled client is dropped)
+
+    def _writable(self) -> bool:
+        transport = self.transport
+        return not (self.writing or transport is None or transport.is_closing()
+                    or transport.get_write_buffer_size() > DIRECT_BUFFER_BYTES)
+
+    def _write_now(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+        self.last_write = time.monotonic()
+
+    def deliver(self, entries: list[Entry]) -> bool:
+        """Write consecutive live entries to the socket now, in one write, if that cannot block (the sink).
+
+        Returns:
+            True when the entries are handled (written, or hidden by the projection);
+            False when they must be queued: a write is in progress, the socket buffer is
+            over :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
+        """
+        if not self._writable() or any(self.projection.needs_history(entry) for entry in entries):
+            return False
+        sent = [entry for entry in entries if entry.frame and self.projection.visible(entry)]
+        if sent:
+            self._write_now(sent[0].frame if len(sent) == 1 else b"".join(entry.frame for entry in sent))
+            for entry in sent:
+                self.telemetry.record_delivery(entry.ts_ms, "live")
+        return True
 
     async def _send(self, entries: list[Entry], phase: str) -> bool:
         """Write the entries this reader may see in one write; return True when one ends the stream."""
@@ -190,12 +251,22 @@ class Session:
             ConnectionResetError: The client took no slice within ``write_timeout_s``.
         """
         view = memoryview(frame)
-        for start in range(0, len(view), WRITE_SLICE_BYTES):
-            try:
-                async with asyncio.timeout(self.write_timeout_s):
-                    await self.response.write(view[start:start + WRITE_SLICE_BYTES])
-            except TimeoutError:
-                log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
-                self.on_stall()
-                raise ConnectionResetError("the client stopped reading") from None
+        self.writing = True
+        try:
+            for start in range(0, len(view), WRITE_SLICE_BYTES):
+                try:
+                    async with asyncio.timeout(self.write_timeout_s):
+                        await self.response.write(view[start:start + WRITE_SLICE_BYTES])
+                except TimeoutError:
+                    log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
+                    self.on_stall()
+                    raise ConnectionResetError("the client stopped reading") from None
+        finally:
+            self.writing = False
         self.last_write = time.monotonic()
+
+
+def _retrieve(task: asyncio.Future[list[Entry]]) -> None:
+    """Mark a read-ahead's failure as seen when the response ended before it was awaited."""
+    if not task.cancelled():
+        task.exception()

@@ -52,7 +52,18 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_connections: Positive = 10_000
     """Open SSE responses per process; one more is a 503 with ``Retry-After``."""
     busy_retry_after_s: Positive = 2
-    """``Retry-After`` of the 503 sent past ``max_connections``, seconds."""
+    """Reconnection delay hinted to a client turned away for a transient reason, seconds:
+    ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, spread) of an SSE
+    request answered 200 then closed."""
+    max_sockets: Positive = 12_000
+    """Open client sockets per process, of every route; one more is closed at once, before
+    any byte is read (a browser's EventSource treats that as a network error and retries)."""
+    header_timeout_s: PositiveFloat = 10.0
+    """A connection must complete its request line and headers within this many seconds
+    of opening (or of its previous response); past it the socket is closed. Idle
+    keep-alive connections close after it too."""
+    body_timeout_s: PositiveFloat = 30.0
+    """Longest time to receive a whole request body, seconds; past it a 408 problem."""
     shutdown_window_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     """On SIGTERM, open SSE responses are closed spread over this window, seconds."""
     cors_origins: list[str] = msgspec.field(default_factory=list)
@@ -69,12 +80,18 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id."""
-    read_page: Positive = 256
+    read_page: Positive = 1024
     """Entries per ``XRANGE`` page when replaying or tailing a stream."""
+    live_batch_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 1.0
+    """After each read of the live-channel connection, leave it unread this long, so the
+    notifications arriving meanwhile are handled in one read (fewer wake-ups per delivery
+    under load), milliseconds; adds at most this much latency; 0 reads at once."""
     subscribe_timeout_s: PositiveFloat = 5.0
     """How long a reader waits for Redis to confirm its live subscription, seconds."""
     cancel_ttl_s: Positive = 24 * 3600
     """Lifetime of a stream's cancel flag, seconds."""
+    uvloop: bool = True
+    """Run on uvloop when it is installed (extra ``fast``); ``FANOUT_UVLOOP=0`` keeps asyncio's loop."""
     demo_page: bool = False
     """Serve the demo page at ``GET /demo`` (``FANOUT_DEMO_PAGE=1``)."""
 

@@ -65,3 +65,14 @@ def error_frame(event_type: str, data: bytes) -> bytes:
 def comment_frame(text: str) -> bytes:
     """Return an SSE comment line (``: text``); ``text`` must hold no CR or LF."""
     return b": %s\n\n" % text.encode()
+
+
+def busy_body(retry_ms: int, reason: str) -> bytes:
+    """Return the whole body of an SSE answer to a request turned away for a transient reason.
+
+    A ``retry:`` hint then one comment naming the reason (a problem slug such as
+    ``too-many-connections``); the response then ends. WHATWG HTML "9.2.3 Processing
+    model": only a 200 ``text/event-stream`` (or a network error) makes EventSource
+    reconnect; any other status fails the connection for good.
+    """
+    return retry_frame(retry_ms) + comment_frame(f"busy: {reason}; reconnect after the retry delay")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from publisher.sse import event_frame, one_line
-from schema.contract import TERMINAL_TYPES
+from publisher.sse import one_line
+from schema.contract import EVENT_TYPES, TERMINAL_TYPES
 from schema.keys import EVENT_FIELD, Keys, seq_of
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class _Peek(msgspec.Struct):
 
 
 _peek: Final = msgspec.json.Decoder(_Peek)
+_TYPE_NAMES: Final = {name: name.encode() for name in EVENT_TYPES}
+"""Contract type -> its ``event:`` field bytes (no pattern check needed for these)."""
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,27 +89,44 @@ class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The tombstone's ``last_seq`` (0 when missing or not a number)."""
 
 
-def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
+def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | list[bytes]) -> Entry:
     """Parse one XRANGE item.
 
     Args:
         entry_id: ``0-<seq>``.
-        fields: The entry's field map; the event JSON is under ``e``.
+        fields: The entry's fields, as a map or as redis' flat ``[name, value, ...]``
+            list; the event JSON is under ``e``.
 
     Returns:
         The entry. One that holds no event JSON (a writer's bug) is logged and gets
         type ``invalid`` and an empty frame: it keeps its seq, so positions stay exact,
         but nothing is sent for it.
     """
-    seq = seq_of(entry_id)
+    return entry_of(seq_of(entry_id), _event_field(fields))
+
+
+def entry_of(seq: int, raw: bytes | None) -> Entry:
+    """Build the :class:`Entry` of one stored event (from XRANGE or a live notification).
+
+    Args:
+        seq: The entry's seq.
+        raw: The event JSON as stored in field ``e``; ``None`` when the field is missing.
+
+    Returns:
+        The entry with its ready SSE frame; see :func:`parse_entry` for one without JSON.
+    """
+    if raw is None:
+        return _invalid(seq)
+    data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
     try:
-        data = one_line(fields[EVENT_FIELD])
         peek = _peek.decode(data)
-    except (KeyError, msgspec.DecodeError):
-        log.error("stream entry %s holds no event JSON; it is not sent", seq)
-        return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None,
-                     visibility=None, frame=b"")
-    kind = peek.type if _SAFE_TYPE.fullmatch(peek.type) else "unknown"
+    except msgspec.DecodeError:
+        return _invalid(seq)
+    kind = peek.type
+    name = _TYPE_NAMES.get(kind)
+    if name is None:
+        kind = kind if _SAFE_TYPE.fullmatch(kind) else "unknown"
+        name = kind.encode()
     block = peek.block
     return Entry(
         seq=seq,
@@ -116,8 +135,35 @@ def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
         block_index=block.index if block else None,
         block_kind=block.kind if block else None,
         visibility=peek.visibility,
-        frame=event_frame(seq, kind, data),
+        frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data),
     )
+
+
+def _invalid(seq: int) -> Entry:
+    """Return the entry of a stored item without event JSON (a writer's bug): keeps its seq, sends nothing."""
+    log.error("stream entry %s holds no event JSON; it is not sent", seq)
+    return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None, visibility=None, frame=b"")
+
+
+def _event_field(fields: dict[bytes, bytes] | list[bytes]) -> bytes | None:
+    """Return field ``e`` of a parsed (map) or raw (flat list) XRANGE entry, or ``None``."""
+    if isinstance(fields, dict):
+        return fields.get(EVENT_FIELD)
+    if len(fields) >= 2 and fields[0] == EVENT_FIELD:
+        return fields[1]
+    return dict(zip(fields[::2], fields[1::2], strict=False)).get(EVENT_FIELD)
+
+
+def _raw_stream_list(response: Any, **options: Any) -> Any:
+    """XRANGE reply as redis sends it, ``[[id, [name, value, ...]], ...]`` (no dict per entry)."""
+    return response
+
+
+def _fast_seq(entry_id: bytes) -> int | None:
+    """Return the seq of a ``0-<seq>`` id, or ``None`` for any other shape (a foreign writer's)."""
+    if entry_id[:2] == b"0-" and entry_id[2:].isdigit():
+        return int(entry_id[2:])
+    return None
 
 
 def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
@@ -149,6 +195,7 @@ class Store:
         self.redis = redis
         self.keys = keys
         self.page = page
+        redis.set_response_callback("XRANGE", _raw_stream_list)  # replies are parsed once, here
 
     async def info(self, stream_id: str) -> StreamInfo:
         """Return meta, tombstone and the top of the stored stream (one round trip)."""
@@ -176,9 +223,17 @@ class Store:
         ``count`` means the stored top was reached. Callers check contiguity on ``seq``.
         """
         raw = await self._xrange(stream_id, after_seq, count or self.page)
-        return [parse_entry(entry_id, fields) for entry_id, fields in raw if _ours(stream_id, entry_id)]
+        entries = []
+        for entry_id, fields in raw:
+            seq = _fast_seq(entry_id)
+            if seq is None:
+                if not _ours(stream_id, entry_id):
+                    continue
+                seq = seq_of(entry_id)
+            entries.append(entry_of(seq, _event_field(fields)))
+        return entries
 
-    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, Any]]:
         """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""
         raw: Any = await self.redis.xrange(self.keys.events(stream_id), f"(0-{after_seq}", "+", count=count)
         return list(raw or [])
@@ -196,6 +251,21 @@ class Store:
             if len(page) < self.page:
                 return
 
+    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None]]:
+        """Return ``(top seq or None, meta state or None)`` of each stream, in one pipelined round trip.
+
+        Runs ``XREVRANGE <events> <top of ours> - COUNT 1`` and ``HGET <meta> state`` per
+        stream; the top is ``None`` when the stream holds no entry of ours, the state
+        ``None`` when meta is gone.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream_id in stream_ids:
+                pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
+                pipe.hget(self.keys.meta(stream_id), "state")
+            replies = await pipe.execute()
+        return [(seq_of(top[0][0]) if top else None, _text(state) if state is not None else None)
+                for top, state in zip(replies[::2], replies[1::2], strict=True)]
+
     async def events_exist(self, stream_id: str) -> bool:
         """Return True when the stream's events key still exists."""
         return bool(await self.redis.exists(self.keys.events(stream_id)))
@@ -209,8 +279,8 @@ class Store:
                 if not _ours(stream_id, entry_id):
                     return  # a foreign id sorts above every 0-<seq>: nothing of ours follows
                 cursor = seq_of(entry_id)
-                if EVENT_FIELD in fields:
-                    yield cursor, fields[EVENT_FIELD]
+                if (data := _event_field(fields)) is not None:
+                    yield cursor, data
             if len(raw) < self.page:
                 return
 

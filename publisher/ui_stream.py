@@ -32,7 +32,6 @@ import time
 from typing import Final
 
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from publisher.auth import authorize_read
 from publisher.events import check_first_page
@@ -45,6 +44,8 @@ from publisher.store import Entry
 from publisher.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
 from publisher.visibility import Projection
 from schema.contract import decode_event
+from schema.errors import InternalError
+from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,10 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
     scope = authorize_read(request, stream_id)
     resume = request.query.get("resume", "") in ("1", "true")
     gate = request.app[GATE]
-    gate.acquire()
+    refusal = gate.try_acquire()
+    if refusal is not None:
+        raise ProblemError(refusal, "the publisher cannot open another stream now; retry shortly",
+                           headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)})
     try:
         info = await request.app[STORE].info(stream_id)
         if not info.known and not info.tomb:
@@ -86,10 +90,17 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
             raise ProblemError("history-expired", "the stream ended and its events expired",
                                extensions={"last_seq": info.tomb_last_seq})
         reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request))
-        async with request.app[HUB].join(reader):
+        hub = request.app[HUB]
+        try:
+            await hub.join(reader)
             page = await request.app[STORE].read_after(stream_id, 0)
             await check_first_page(request, stream_id, info, 0, page)
             return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq)
+        finally:
+            hub.leave(reader)
+    except InternalError as exc:  # the live subscription was not confirmed: nothing was sent yet
+        raise ProblemError("redis-unavailable", "the live channel is not available now; retry shortly",
+                           headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}) from exc
     finally:
         gate.release()
 
@@ -137,7 +148,7 @@ async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: l
         await response.write_eof()
     except ConnectionError:
         pass  # the client left or was dropped
-    except RedisError as exc:  # headers are sent: end the body; the client reconnects
+    except REDIS_ERRORS as exc:  # headers are sent: end the body; the client reconnects
         log.warning("ui stream %s: storage error mid-response: %s", reader.stream_id, exc)
     return response
 

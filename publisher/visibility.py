@@ -23,6 +23,8 @@ class Projection:
         scope: The reader's scope.
     """
 
+    __slots__ = ("_history_read", "_internal", "_known", "public")
+
     def __init__(self, scope: Scope) -> None:
         self.public = scope == "public"
         self._known: set[int] = set()

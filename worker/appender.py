@@ -11,7 +11,8 @@ The script (``EVALSHA`` of a script registered with redis-py's ``register_script
 3. ``HSET <meta> last_seq`` and, when the batch ends with a terminal event, ``state=done``,
    ``status``, ``ended_ms``; ``EXPIRE`` events and meta (``stream_ttl_s``); the tombstone
    hash ``{last_seq, status}`` with ``EXPIRE tombstone_ttl_s``;
-4. ``PUBLISH <live> <last_seq>``.
+4. ``PUBLISH <live> <payload>``: the batch's events themselves when they fit
+   ``live_max_bytes``, else the seq-only ``<last_seq>`` (format: :mod:`publisher.live`).
 
 Redis Cluster: the script touches only the stream's own keys, all hash-tagged
 ``{<stream_id>}`` and so in one slot, and every one of them is passed in ``KEYS``
@@ -85,37 +86,51 @@ __all__ = [
 
 log = logging.getLogger("fanout.worker.appender")
 
+LIVE_MAX_BYTES: Final = 64 * 1024
+"""Default ``FANOUT_LIVE_MAX_BYTES``: batches up to this size carry their events on the
+live channel, so publishers serve them without a read."""
+
 APPEND_LUA: Final = """
-local n = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
-if meta[4] == ARGV[8 + n] then return {'landed', meta[2] or '0'} end
+if meta[4] == ARGV[9 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
 if last + 1 ~= first then return {'seq', tostring(last)} end
+local size = 0
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[7 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
+  size = size + #ARGV[8 + i] + 1
 end
 local new_last = first + n - 1
 local status = ARGV[3]
 if status == '' then
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[8 + n])
+  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n])
 else
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[8 + n], 'state', 'done', 'status', status,
+  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n], 'state', 'done', 'status', status,
     'ended_ms', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   redis.call('EXPIRE', KEYS[2], ARGV[5])
   redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', status)
   redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
-redis.call('PUBLISH', KEYS[4], new_last)
+local live_max = tonumber(ARGV[7])
+if live_max > 0 and size <= live_max then
+  redis.call('PUBLISH', KEYS[4], new_last .. ' ' .. first .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n))
+else
+  redis.call('PUBLISH', KEYS[4], new_last)
+end
 return {'ok', tostring(new_last)}
 """
 """The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
 ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
-tombstone_ttl_s, n, then the n event JSONs, then the batch id (random, one per batch,
-kept in meta ``batch``: a retried call finds its own batch stored and answers ``landed``)."""
+tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
+one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
+answers ``landed``). The notification is ``<last> <first>\\n<json>\\n...`` when the JSONs
+and their separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else
+``<last>`` (:mod:`publisher.live`)."""
 
 
 class Appender:
@@ -128,19 +143,22 @@ class Appender:
         tombstone_ttl_s: TTL of its tombstone.
         done_maxlen: Approximate cap of the summaries stream.
         retry: Retry of failed script calls (:mod:`worker.storage`).
+        on_retry: Called with the Redis error before each retried script call (a metric).
         wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
         wait_ms: Longest such ``WAIT``, ms.
+        live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
+            ride on the live notification; a larger batch publishes only its last seq.
     """
 
     def __init__(
         self, redis: RedisClient, keys: Keys, *, stream_ttl_s: int = 86_400,
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
         on_retry: Callable[[BaseException], None] | None = None,
-        wait_replicas: int = 0, wait_ms: int = 1000,
+        wait_replicas: int = 0, wait_ms: int = 1000, live_max_bytes: int = LIVE_MAX_BYTES,
     ) -> None:
         self.redis, self.keys = redis, keys
-        self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s))
-        """``stream_ttl_s`` and ``tombstone_ttl_s`` as script arguments."""
+        self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s), str(live_max_bytes))
+        """``stream_ttl_s``, ``tombstone_ttl_s`` and ``live_max_bytes`` as script arguments."""
         self.done_maxlen = done_maxlen
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
@@ -148,7 +166,7 @@ class Appender:
         self.wait = (wait_replicas, wait_ms)
         """``WAIT`` after a terminal: (replicas, timeout ms)."""
         self.script: AsyncScript = redis.register_script(APPEND_LUA)
-        self.salvage = Salvage(redis, keys, self.ttls)
+        self.salvage = Salvage(redis, keys, self.ttls[:2])
 
     async def replicate_terminal(self, stream_id: str) -> None:
         """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`worker.storage.wait_replicated`).

@@ -93,7 +93,8 @@ class Worker:
         telemetry = telemetry or Telemetry()
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
-                            wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms)
+                            wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,
+                            live_max_bytes=settings.live_max_bytes)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,

@@ -39,21 +39,21 @@ from schema.keys import Keys
 from worker.redis_client import RedisClient
 
 TERMINAL_LUA: Final = """#!lua flags=allow-oom
-local n = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
-if meta[4] == ARGV[8 + n] then return {'landed', meta[2] or '0'} end
+if meta[4] == ARGV[9 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
-local jump = ARGV[9 + n] == 'jump' and first > last + 1
+local jump = ARGV[10 + n] == 'jump' and first > last + 1
 if last + 1 ~= first and not jump then return {'seq', tostring(last)} end
 if jump then redis.call('HSET', KEYS[2], 'lost_from', last + 1, 'lost_to', first - 1) end
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[7 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
 end
 local new_last = first + n - 1
-redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[8 + n], 'state', 'done', 'status', ARGV[3],
+redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n], 'state', 'done', 'status', ARGV[3],
   'ended_ms', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
@@ -63,7 +63,7 @@ redis.call('PUBLISH', KEYS[4], new_last)
 return {'ok', tostring(new_last)}
 """
 """The terminal-only append, allowed past ``maxmemory``. KEYS and ARGV as
-:data:`worker.appender.APPEND_LUA` (the status is never empty here), plus ARGV[9 + n]:
+:data:`worker.appender.APPEND_LUA` (the status is never empty here), plus ARGV[10 + n]:
 ``jump`` lets the batch start past ``last_seq + 1`` (never below it) when the writer knows
 that Redis lost its events in between (a failover); meta then records ``lost_from`` and
 ``lost_to``, and readers get a ``stream.gap`` or a 410 for that range, never a silent hole."""

@@ -84,6 +84,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """TTL of the tombstone (``last_seq``, ``status``) that outlives the events."""
     done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream."""
+    live_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
+    """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
+    notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
     """Largest SSE frame or JSON-array element accepted from a provider."""
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from publisher.app import RUNNER_KWARGS, create_app
+from publisher.edge import EdgeRunner
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
 from tests.conftest import is_cluster_url
@@ -39,7 +40,7 @@ async def start_app(redis_url: str, keys: Keys, redis_client: Any) -> AsyncItera
     async def start(settings: PublisherSettings | None = None, **kwargs: Any) -> Server:
         chosen = msgspec.structs.replace(settings or make_settings(), redis_cluster=is_cluster_url(redis_url))
         app = create_app(chosen, keys=keys, redis_url=redis_url, **kwargs)
-        runner = web.AppRunner(app, **RUNNER_KWARGS)
+        runner = EdgeRunner(app, **RUNNER_KWARGS)
         await runner.setup()
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", 0).start()

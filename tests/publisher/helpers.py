@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from publisher.live import encode_notification
 from publisher.settings import PublisherSettings
 from publisher.tokens import Scope, issue
 from schema.contract import (
@@ -114,7 +115,10 @@ class StreamWriter:
         base.update(fields)
         await self.redis.hset(self.keys.meta(self.sid), mapping=base)
 
-    async def append(self, *events: Event, notify: bool = True, maxlen: int | None = None) -> None:
+    async def append(self, *events: Event, notify: bool = True, maxlen: int | None = None,
+                     full: bool = False) -> None:
+        """Store ``events`` one by one, each notified seq-only (an older worker) or, with
+        ``full``, carrying its event as the append script does."""
         for event in events:
             await self.redis.xadd(self.keys.events(self.sid), {"e": encode_event(event)}, id=f"0-{event.seq}",
                                   maxlen=maxlen, approximate=False)
@@ -123,12 +127,39 @@ class StreamWriter:
                 fields.update(state="done", status=terminal_status(event))
             await self.redis.hset(self.keys.meta(self.sid), mapping=fields)
             if notify:
-                await self.redis.publish(self.keys.live(self.sid), str(event.seq))
+                await self.notify(event.seq, [encode_event(event)] if full else None)
+
+    async def notify(self, last_seq: int, events: list[bytes] | None = None) -> None:
+        """Publish one live notification: seq-only, or carrying ``events`` (ending at ``last_seq``)."""
+        payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30) if events
+                   else str(last_seq).encode())
+        await self.redis.publish(self.keys.live(self.sid), payload)
 
     async def expire(self, last_seq: int, status: str = "completed") -> None:
         """Leave only the tombstone, as after the events' TTL."""
         await self.redis.hset(self.keys.tomb(self.sid), mapping={"last_seq": last_seq, "status": status})
         await self.redis.delete(self.keys.events(self.sid), self.keys.meta(self.sid))
+
+
+class HookedRedis:
+    """Forwards to the real client; runs ``hook`` once, when an XRANGE of ``key`` matches ``when``."""
+
+    def __init__(self, inner: Any, key: str, when, hook) -> None:
+        self._inner, self._key, self._when, self._hook = inner, key, when, hook
+        self.fired = False
+        self.xrange_calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def xrange(self, name, min="-", max="+", count=None):
+        result = await self._inner.xrange(name, min, max, count=count)
+        if name == self._key:
+            self.xrange_calls.append(min)
+            if not self.fired and self._when(result):
+                self.fired = True
+                await self._hook()
+        return result
 
 
 class SSEClient:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import random
 import socket
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ from publisher.store import Entry
 from tests.publisher.helpers import (
     API_KEY,
     GUARD_S,
+    HookedRedis,
     SSEClient,
     StreamWriter,
     bearer,
@@ -31,38 +31,19 @@ from tests.publisher.helpers import (
     token_for,
 )
 
-
-class HookedRedis:
-    """Forwards to the real client; runs ``hook`` once, when an XRANGE of ``key`` matches ``when``."""
-
-    def __init__(self, inner: Any, key: str, when, hook) -> None:
-        self._inner, self._key, self._when, self._hook = inner, key, when, hook
-        self.fired = False
-        self.xrange_calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def xrange(self, name, min="-", max="+", count=None):
-        result = await self._inner.xrange(name, min, max, count=count)
-        if name == self._key:
-            self.xrange_calls.append(min)
-            if not self.fired and self._when(result):
-                self.fired = True
-                await self._hook()
-        return result
-
-
 # --- B18 ----------------------------------------------------------------------------------------
 
-async def _b18(start_app, http, redis_client, keys, when) -> HookedRedis:
+async def _b18(start_app, http, redis_client, keys, when, *, preload: bool = True) -> HookedRedis:
     sid = "st_t18"
     writer = StreamWriter(redis_client, keys, sid)
     await writer.meta()
-    await writer.append(start(sid))
+    if preload:
+        await writer.append(start(sid))
     hooked: list[HookedRedis] = []
 
     async def append_2() -> None:
+        if not preload:
+            await writer.append(start(sid))
         await writer.append(block_start(sid, 2, 0))  # XADD 0-2 + the worker's usual PUBLISH
 
     def wrap(client):
@@ -84,7 +65,7 @@ async def _b18(start_app, http, redis_client, keys, when) -> HookedRedis:
 
 
 async def test_b18_live_tail_never_loses_entry_appended_during_empty_wait(ctx):
-    hooked = await _b18(ctx.start_app, ctx.http, ctx.redis, ctx.keys, when=lambda result: result == [])
+    hooked = await _b18(ctx.start_app, ctx.http, ctx.redis, ctx.keys, when=lambda result: result == [], preload=False)
     # the cursor is concrete from the start and afterwards always the last seq handled
     assert hooked.xrange_calls[0] == "(0-0"
     assert all(call in ("(0-0", "(0-1", "(0-2", "(0-3", "(0-4") for call in hooked.xrange_calls)

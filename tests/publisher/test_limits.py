@@ -57,10 +57,15 @@ async def test_open_sse_connections_limit(ctx):
         assert resp.status == 200
         assert (await SSEClient(resp).next_event())["id"] == "1"
         open_responses.append(resp)
-    async with ctx.http.get(url, headers=headers) as resp:  # one past
-        assert resp.status == 503
-        assert resp.headers["Retry-After"] == "3"
-        assert (await resp.json())["type"] == "https://fanout.dev/problems/too-many-connections"
+    async with ctx.http.get(url, headers=headers) as resp:  # one past: 200, a retry hint, the end
+        assert resp.status == 200
+        assert resp.content_type == "text/event-stream"
+        messages = []
+        while (message := await SSEClient(resp).message()) is not None:
+            messages.append(message)
+        assert 1500 <= int(messages[0]["retry"]) <= 4500  # 3 s, jittered by half
+        assert "too-many-connections" in messages[1]["comment"]
+        assert not [m for m in messages if "id" in m or "data" in m]
     async with ctx.http.get(server.url("/healthz")) as resp:  # other routes are not counted
         assert resp.status == 200
     open_responses.pop().close()

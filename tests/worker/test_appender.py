@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from publisher.live import Notification, encode_notification, parse_notification
 from schema.contract import (
     BlockDelta,
     BlockRef,
@@ -23,6 +24,7 @@ from schema.contract import (
     StreamStart,
     Usage,
     decode_event,
+    encode_event,
 )
 from schema.errors import InternalError
 from schema.keys import EVENT_FIELD, Keys
@@ -154,22 +156,41 @@ async def test_batch_is_one_script_call_in_order(quiet_client: aioredis.Redis, k
     assert [e for _, e in stored[1:]] == batch
 
 
-async def test_append_publishes_last_seq_on_live_channel(redis_client: aioredis.Redis, keys: Keys) -> None:
-    writer = await _writer(redis_client, keys)
+async def _published(redis_client: aioredis.Redis, keys: Keys, writer: StreamWriter,
+                     batches: list[list[Event]]) -> list[bytes]:
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(keys.live(SID))
     try:
-        await writer.append([_start()])
-        await writer.append(_body(2, 3))
+        for batch in batches:
+            await writer.append(batch)
         got = []
         deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
+        while len(got) < len(batches) and time.monotonic() < deadline:
             message = await pubsub.get_message(timeout=1.0)  # None for the subscribe confirmation
             if message is not None:
                 got.append(message["data"])
-        assert got == [b"1", b"4"]
+        return got
     finally:
         await pubsub.aclose()
+
+
+async def test_append_publishes_its_events_on_live_channel(redis_client: aioredis.Redis, keys: Keys) -> None:
+    writer = await _writer(redis_client, keys)
+    body = _body(2, 3)
+    got = await _published(redis_client, keys, writer, [[_start()], body])
+    assert got == [b"1 1\n" + encode_event(_start()), b"4 2\n" + b"\n".join(encode_event(e) for e in body)]
+    assert parse_notification(got[1]) == Notification(last_seq=4, first_seq=2, events=[encode_event(e) for e in body])
+
+
+@pytest.mark.parametrize("over", [0, 1])
+async def test_live_notification_size_limit(redis_client: aioredis.Redis, keys: Keys, over: int) -> None:
+    body = _body(2, 3)
+    size = sum(len(encode_event(e)) + 1 for e in body)
+    writer = await _writer(redis_client, keys, live_max_bytes=size - over)
+    got = await _published(redis_client, keys, writer, [[_start()], body])
+    expected = encode_notification(2, [encode_event(e) for e in body], size - over)
+    assert got[1] == expected
+    assert got[1] == (b"4" if over else b"4 2\n" + b"\n".join(encode_event(e) for e in body))
 
 
 async def test_terminal_sets_ttl_tombstone_and_summary(redis_client: aioredis.Redis, keys: Keys) -> None:

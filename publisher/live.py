@@ -1,0 +1,81 @@
+r"""The live channel's notification payload: what one append publishes, parsed. Pure.
+
+The append script (``worker.appender.APPEND_LUA``) publishes one message per batch on the
+stream's live channel (``P:{<id>}:live``), in one of two shapes:
+
+===============================  ==================================================
+payload                          meaning
+===============================  ==================================================
+``<last>``                       seq-only: the batch ended at seq ``last``; read it
+                                 from the stream (a batch over
+                                 ``FANOUT_LIVE_MAX_BYTES``, or a worker older than
+                                 this format)
+``<last> <first>\n<e1>\n...``    full: the batch's ``last - first + 1`` event JSONs,
+                                 one per line, seq ``first`` .. ``last``, exactly as
+                                 stored in field ``e`` of entries ``0-<seq>``
+===============================  ==================================================
+
+The first token is always the last stored seq, so a reader of the older seq-only format
+that fails to parse a full payload still knows to read. Stored event JSON is compact
+(``msgspec``), so it never holds a raw line break; a payload whose line count does not
+match its seqs is treated as seq-only. Imports no asyncio, aiohttp or redis.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Notification(msgspec.Struct, frozen=True, kw_only=True):
+    """One parsed live-channel message."""
+
+    last_seq: int
+    """The batch's last stored seq (the stream's new top)."""
+    first_seq: int
+    """The batch's first seq; equals ``last_seq + 1`` - ``len(events)`` when events are carried."""
+    events: list[bytes] | None
+    """The stored event JSONs in seq order, or ``None`` for a seq-only notification."""
+
+
+def parse_notification(data: bytes) -> Notification | None:
+    """Parse one live-channel payload.
+
+    Args:
+        data: The message's bytes, either shape of the module table.
+
+    Returns:
+        The notification; a full payload whose line count disagrees with its seqs is
+        returned seq-only (the hub then reads the stream). ``None`` when not even the
+        last seq parses (a foreign publisher): the caller should read the stream anyway.
+    """
+    head, newline, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    try:
+        last_seq = int(parts[0])
+        first_seq = int(parts[1]) if len(parts) == 2 else last_seq
+    except ValueError:
+        return None
+    if not newline or len(parts) != 2:
+        return Notification(last_seq=last_seq, first_seq=last_seq, events=None)
+    events = body.split(b"\n")
+    if first_seq < 1 or len(events) != last_seq - first_seq + 1:
+        return Notification(last_seq=last_seq, first_seq=last_seq, events=None)
+    return Notification(last_seq=last_seq, first_seq=first_seq, events=events)
+
+
+def encode_notification(first_seq: int, events: list[bytes], max_bytes: int) -> bytes:
+    """Return the payload the append script publishes for one batch (its Python twin).
+
+    Args:
+        first_seq: Seq of ``events[0]``.
+        events: The batch's compact event JSONs, non-empty.
+        max_bytes: ``FANOUT_LIVE_MAX_BYTES``; when the events and their separators take
+            more, or it is 0, the payload is seq-only.
+
+    Used by tests and benchmarks to publish exactly what a worker would.
+    """
+    last_seq = first_seq + len(events) - 1
+    size = sum(len(event) + 1 for event in events)
+    if max_bytes <= 0 or size > max_bytes:
+        return b"%d" % last_seq
+    return b"%d %d\n" % (last_seq, first_seq) + b"\n".join(events)

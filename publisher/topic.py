@@ -1,0 +1,161 @@
+"""One stream's readers and its live read position: where notifications become deliveries.
+
+A :class:`Topic` holds the readers of one stream, the live ones among them, and
+``fetched``, the last seq offered to every live reader. A notification that carries its
+events and continues ``fetched`` exactly is offered right away (:meth:`Topic.notified`
+returns ``"delivered"``: no Redis read). Anything else asks the hub's pump for an
+``XRANGE (0-<fetched> +``: a seq-only notification, a seq it did not expect (a lost or
+reordered message), or a resubscription. While that read is in flight, notifications
+that carry events wait in a small backlog and are applied after it, so ordering stays
+exactly that of the stored stream. No Redis, no aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Final, Literal
+
+from publisher.live import Notification
+from publisher.reader import Reader
+from publisher.store import Entry, entry_of
+
+BACKLOG_MAX: Final = 64
+"""Notifications kept while a repair read is in flight; past it they are dropped (the
+pump reads again, so nothing is lost)."""
+UNKNOWN_TOP: Final = 1 << 62
+"""``seen`` after a resubscription: notifications may have been lost, read before trusting."""
+
+Outcome = Literal["ignored", "delivered", "read"]
+
+
+class Topic:
+    """Readers of one stream and the shared live read position.
+
+    Args:
+        stream_id: The stream.
+        channel: Its live channel name, as bytes (what pub/sub messages carry).
+    """
+
+    def __init__(self, stream_id: str, channel: bytes) -> None:
+        self.stream_id = stream_id
+        self.channel = channel
+        self.readers: set[Reader] = set()
+        self.live: set[Reader] = set()
+        self.fetched = 0
+        """Last seq offered to the live readers; every live reader's cursor is >= it."""
+        self.seen = 0
+        """Highest last seq any notification announced since the subscription (or
+        :data:`UNKNOWN_TOP` after a resubscription)."""
+        self.subscribed = False
+        """The first subscribe confirmation arrived; any later one is a resubscription."""
+        self.pending = False
+        """A read is owed: a notification could not be applied directly."""
+        self.reading = False
+        """The pump's read is in flight."""
+        self.backlog: list[Notification] = []
+        self.staged: list[Entry] = []
+        """Entries accepted from notifications of the current read, offered by :meth:`flush`."""
+        self.heard_s = time.monotonic()
+        """Monotonic time of the last notification (for the idle-topic audit)."""
+        self.wake = asyncio.Event()
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(_consume)
+        self.pump: asyncio.Task[None] | None = None
+
+    def kick(self) -> None:
+        """Ask the pump for a read."""
+        self.pending = True
+        self.wake.set()
+
+    def go_live(self, reader: Reader) -> bool:
+        """Add a reader that replayed history to ``cursor``; False when it must read further."""
+        if self.live and reader.cursor < self.fetched:
+            return False
+        if not self.live:
+            self.fetched = reader.cursor
+            self.backlog.clear()
+            self.staged.clear()
+            if self.seen > reader.cursor:  # announced, maybe after this reader's last read
+                self.kick()
+        self.live.add(reader)
+        return True
+
+    def resubscribed(self) -> None:
+        """Handle a subscribe confirmation; after the first, notifications may have been lost."""
+        if not self.subscribed:
+            self.subscribed = True
+            return
+        self.seen = UNKNOWN_TOP
+        if self.live:
+            self.kick()
+
+    def notified(self, note: Notification | None) -> Outcome:
+        """Apply one notification (``None``: unparseable, so read).
+
+        Returns:
+            ``delivered`` when its events were staged (the caller calls :meth:`flush`
+            once its read is handled), ``read`` when the pump was asked (or the events
+            wait for its read), ``ignored`` when nothing is new.
+        """
+        self.heard_s = time.monotonic()
+        top = note.last_seq if note is not None else UNKNOWN_TOP
+        self.seen = max(self.seen, top)
+        if not self.live or top <= self.fetched:
+            return "ignored"
+        if self.reading or self.pending:
+            if note is not None and note.events is not None and len(self.backlog) < BACKLOG_MAX:
+                self.backlog.append(note)
+            else:
+                self.kick()
+            return "read"
+        if note is not None and note.events is not None and note.first_seq <= self.fetched + 1:
+            self.stage(self._entries(note))
+            return "delivered"
+        self.kick()
+        return "read"
+
+    def after_read(self) -> None:
+        """Apply the notifications that arrived during a read, in order; read again on a gap."""
+        backlog, self.backlog = self.backlog, []
+        for note in backlog:
+            if note.last_seq <= self.fetched:
+                continue
+            if self.pending or note.first_seq > self.fetched + 1:
+                self.kick()
+                return
+            self.offer(self._entries(note))
+
+    def stage(self, entries: list[Entry]) -> None:
+        """Accept entries (seq order, continuing ``fetched``) for the next :meth:`flush`."""
+        if entries:
+            self.staged.extend(entries)
+            self.fetched = entries[-1].seq
+
+    def flush(self) -> None:
+        """Offer the staged entries to every live reader at once (one write each); drop closed readers."""
+        if not self.staged:
+            return
+        entries, self.staged = self.staged, []
+        live = list(self.live)
+        for reader in live:
+            reader.offer_batch(entries)
+        if any(reader.closed is not None for reader in live):
+            self.live = {reader for reader in live if reader.closed is None}
+
+    def offer(self, entries: list[Entry]) -> None:
+        """Stage entries and flush now (after any staged before them)."""
+        self.stage(entries)
+        self.flush()
+
+    def _entries(self, note: Notification) -> list[Entry]:
+        assert note.events is not None
+        skip = max(0, self.fetched + 1 - note.first_seq)
+        first = note.first_seq + skip
+        return [entry_of(first + index, raw) for index, raw in enumerate(note.events[skip:])]
+
+
+def _consume(future: asyncio.Future[None]) -> None:
+    """Mark a failed subscription as seen even when no reader waited for it."""
+    if not future.cancelled():
+        future.exception()
