@@ -133,6 +133,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             telemetry.gone.add(1, {"cause": exc.slug})
         raise
     except (*REDIS_ERRORS, InternalError) as exc:  # raised before the response started
+        if not isinstance(exc, InternalError):
+            telemetry.redis_error(exc)
         log.warning("stream %s: storage unavailable before the response: %s", stream_id, exc)
         return await busy_stream(request, "redis-unavailable")
     finally:

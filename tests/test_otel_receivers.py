@@ -402,7 +402,7 @@ def test_readme_metrics_table_matches_the_scrape(scrape: dict[str, str], redis_u
 
 def test_image_installs_the_otel_extra() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    assert 'pip install ".[otel]"' in dockerfile
+    assert 'pip install ".[otel,fast]"' in dockerfile
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     otel = pyproject.split("otel = [", 1)[1].split("]", 1)[0]
     for package in ("opentelemetry-exporter-otlp", "opentelemetry-exporter-prometheus"):
