@@ -14,6 +14,7 @@ COPY pyproject.toml README.md fanout_cli.py ./
 COPY schema ./schema
 COPY worker ./worker
 COPY publisher ./publisher
+COPY client ./client
 RUN python -m venv /opt/fanout \
  && /opt/fanout/bin/pip install --upgrade pip \
  && /opt/fanout/bin/pip install ".[otel,fast]"

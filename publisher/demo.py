@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
-from publisher.client import FanoutClient
+from fanout_client import FanoutClient
 from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack

@@ -4,7 +4,8 @@ A subcommand raises :class:`CommandError` for a mistake the user can fix (a bad 
 variable, an unreadable file, a service it cannot reach); ``fanout_cli.main`` prints
 ``fanout <command>: <message>`` on stderr, never a traceback, and exits with the
 error's status. The statuses are documented in README.md ("Python client and command
-line"). Pure: parses text, touches nothing.
+line"); they and :class:`CommandError` live in :mod:`fanout_client.errors`, so the
+client's own commands share them. Pure: parses text, touches nothing.
 """
 
 from __future__ import annotations
@@ -12,36 +13,16 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
-from schema.errors import FanoutError
-
-EXIT_OK: Final = 0
-"""The command did what was asked (a followed stream ended ``completed`` or ``incomplete``)."""
-EXIT_REFUSED: Final = 1
-"""The publisher refused the call, a replayed body broke an invariant, or a health check failed."""
-EXIT_USAGE: Final = 2
-"""Bad input: a flag, a variable, a file, a port already in use (argparse uses 2 as well)."""
-EXIT_STREAM_ERROR: Final = 3
-"""A followed stream ended in ``stream.error`` (``failed``, ``interrupted``, ``cancelled``)."""
-EXIT_UNREACHABLE: Final = 4
-"""A service the command needs does not answer: the publisher (``FANOUT_URL``) or Redis (``REDIS_URL``)."""
-EXIT_INTERRUPTED: Final = 130
-"""Ctrl-C (SIGINT) in a command that does not drain on it, as shells report it."""
+from fanout_client.errors import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from fanout_client.errors import EXIT_OK as EXIT_OK
+from fanout_client.errors import EXIT_REFUSED as EXIT_REFUSED
+from fanout_client.errors import EXIT_STREAM_ERROR as EXIT_STREAM_ERROR
+from fanout_client.errors import EXIT_UNREACHABLE as EXIT_UNREACHABLE
+from fanout_client.errors import EXIT_USAGE as EXIT_USAGE
+from fanout_client.errors import CommandError as CommandError
 
 REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 """URL schemes redis-py accepts (redis-py ``ConnectionPool.from_url``)."""
-
-
-class CommandError(FanoutError):
-    """A command cannot go on; ``fanout`` prints the message as one line and exits.
-
-    Args:
-        message: What is wrong and what to do, one line, no secret.
-        exit_status: One of the ``EXIT_*`` statuses above.
-    """
-
-    def __init__(self, message: str, *, exit_status: int = EXIT_USAGE) -> None:
-        super().__init__(message, category="invalid_request")
-        self.exit_status = exit_status
 
 
 def redact_url(url: str) -> str:

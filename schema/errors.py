@@ -6,7 +6,7 @@ the others live next to the only code that raises them and name their module.
 
 ::
 
-    FanoutError                       * root; carries a contract ``category`` and ``retryable``
+    FanoutError                       fanout_client.errors: root; carries a contract ``category`` and ``retryable``
     ├── UpstreamError                 * the provider misbehaved, refused or could not be reached
     │   ├── UpstreamProtocolError     * malformed or impossible upstream bytes or sequence
     │   │   └── FrameTooLargeError    * an SSE line/frame or JSON element past its byte limit
@@ -24,9 +24,10 @@ the others live next to the only code that raises them and name their module.
     │   │   └── StreamClosedError     * the stream already has its terminal event
     │   └── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
-    ├── CommandError                  schema.cli: a user mistake a command reports as one line and an exit status
-    └── StreamUnavailableError        publisher.client: the publisher refused a stream (404, 410, 401/403)
-        └── PublisherUnreachableError publisher.client: no connection to the publisher could be made or kept
+    ├── CommandError                  fanout_client.errors: a user mistake, reported as one line and an exit status
+    ├── SSEProtocolError              fanout_client.errors: the publisher's SSE body broke its framing or line limit
+    └── StreamUnavailableError        fanout_client.errors: the publisher refused a stream (404, 410, 401/403)
+        └── PublisherUnreachableError fanout_client.errors: no connection to the publisher could be made or kept
 
 Control signals, not errors: they unwind a job's own call stack and never leave it, so
 they stay outside :class:`FanoutError` (and carry no contract category)::
@@ -40,38 +41,14 @@ The worker's modules re-export what they raise (``worker.upstream.UpstreamTimeou
 class shadows a builtin name (``TimeoutError``, ``ConnectionError``, ...).
 
 Foreign exceptions are translated where they enter (``raise ... from exc``).
-Pure: imports only the contract.
+The root and the client's own errors live in the client distribution (``fanout_client.errors``),
+so every fanout error, server or client side, shares one root. Pure: imports only the contract.
 """
 
 from __future__ import annotations
 
+from fanout_client.errors import FanoutError as FanoutError
 from schema.contract import ErrorCategory
-
-
-class FanoutError(Exception):
-    """Root of every fanout error.
-
-    Attributes:
-        category: The contract error category this maps to.
-        retryable: Whether retrying the same job may succeed.
-    """
-
-    category: ErrorCategory = "internal"
-    retryable: bool = False
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        category: ErrorCategory | None = None,
-        retryable: bool | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        if category is not None:
-            self.category = category
-        if retryable is not None:
-            self.retryable = retryable
 
 
 class UpstreamError(FanoutError):

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import msgspec
 
+from schema.contract import PROVIDERS as PROVIDERS
+from schema.contract import Provider as Provider
 from schema.contract import Visibility
-
-Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
-PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini")
-"""Provider APIs a job may name."""
 
 _CROCKFORD: Final = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 

@@ -33,7 +33,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_wheel_holds_packages_cli_schema_and_demo_page(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    for required in ("fanout_cli.py", "schema/contract.py", "schema/contract.schema.json",
+    for required in ("fanout_cli.py", "schema/contract.py", "schema/contract.schema.json", "fanout_client/contract.py",
                      "worker/normalizer.py", "worker/adapters/anthropic.py", "publisher/app.py",
                      "publisher/static/demo.html"):
         assert required in names, required

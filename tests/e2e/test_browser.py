@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from publisher.client import FanoutClient
+from fanout_client import FanoutClient
 from publisher.stack import LocalStack
 from schema.reducer import reduce
 from tests.e2e.proxy import CuttingProxy

@@ -14,7 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from publisher.client import FanoutClient, PublisherUnreachableError, StreamUnavailableError, _backoff_s
+from fanout_client import FanoutClient, PublisherUnreachableError, StreamUnavailableError
+from fanout_client.client import _backoff_s
 from publisher.stack import LocalStack, free_port
 from schema.contract import StreamDone, is_terminal
 from schema.reducer import reduce

@@ -32,8 +32,8 @@ from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from fanout_client import FanoutClient, StreamUnavailableError
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.client import FanoutClient, StreamUnavailableError
 from schema.contract import Event, StreamDone, StreamError
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings

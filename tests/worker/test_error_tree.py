@@ -16,7 +16,7 @@ import worker.appender
 import worker.upstream
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schema", "worker", "publisher")
+PACKAGES = (ROOT / "schema", ROOT / "worker", ROOT / "publisher", ROOT / "client" / "fanout_client")
 _TREE_LINE = re.compile(r"^    (?P<lead>(?:[│ ]   )*(?:[├└]── )?)(?P<name>[A-Za-z_]\w*)(?P<rest>.*)$")
 
 
@@ -38,11 +38,11 @@ def _tree() -> dict[str, tuple[str | None, str]]:
 
 
 def _defined() -> dict[str, type[BaseException]]:
-    """Every exception class defined (at module level) in schema/, worker/, publisher/."""
+    """Every exception class defined (at module level) in schema/, worker/, publisher/ and client/fanout_client/."""
     out: dict[str, type[BaseException]] = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in sorted(package.rglob("*.py")):
+            name = ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__")
             module = importlib.import_module(name)
             for attr, value in vars(module).items():
                 if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name:

@@ -8,7 +8,7 @@ The publisher's address comes from ``--url``, else ``FANOUT_URL``, else
 token of ``tail`` from ``--token`` or ``FANOUT_TOKEN``.
 
 Every refusal is one line that names the option or variable to fix
-(:class:`schema.cli.CommandError`); exit statuses are those of :mod:`schema.cli`.
+(:class:`fanout_client.errors.CommandError`); exit statuses are those of :mod:`fanout_client.errors`.
 """
 
 from __future__ import annotations
@@ -18,23 +18,26 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
 
-from publisher.client import (
-    NOT_A_ROUTE,
-    FanoutClient,
+from fanout_client.client import NOT_A_ROUTE, FanoutClient, base_url_problem
+from fanout_client.contract import PROVIDERS, encode_event
+from fanout_client.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_STREAM_ERROR,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CommandError,
     PublisherUnreachableError,
     StreamUnavailableError,
-    base_url_problem,
 )
-from schema.cli import EXIT_OK, EXIT_REFUSED, EXIT_STREAM_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, CommandError
-from schema.contract import encode_event
-from schema.job import PROVIDERS
-from schema.reducer import Assembler, result_to_builtins
+from fanout_client.reducer import Assembler, result_to_builtins
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 """Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
@@ -262,3 +265,26 @@ def _unauthorized(exc: StreamUnavailableError, target: Target, credential: Crede
         return "FANOUT_API_KEY (or --api-key) holds a read token; pass read tokens with --token, API keys here"
     return "the publisher refused the API key: check FANOUT_API_KEY or --api-key; it must be one of the " \
            "publisher's FANOUT_API_KEYS"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``fanout-client submit|tail``: the same two commands without the server installed.
+
+    Returns:
+        The exit status of :func:`run`; a :class:`CommandError` is printed as one line.
+    """
+    parser = argparse.ArgumentParser(prog="fanout-client", description="submit jobs to a fanout publisher and "
+                                     "follow their streams with automatic resume")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in (("submit", "submit a job over HTTP and optionally follow its stream"),
+                            ("tail", "follow a stream over SSE with automatic resume")):
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except CommandError as exc:
+        sys.stderr.write(f"fanout-client {args.command}: {exc.message}\n")
+        return exc.exit_status
+    except KeyboardInterrupt:
+        sys.stderr.write(f"fanout-client {args.command}: interrupted\n")
+        return EXIT_INTERRUPTED

@@ -4,7 +4,7 @@
 reconnects by itself when the connection drops, sending ``Last-Event-ID`` so no event
 is missed or repeated, waiting as the server's ``retry:`` hint asks (with exponential
 backoff and jitter on repeated failures), and stopping on ``204`` or a terminal event.
-SSE bytes are decoded by the same sans-I/O decoder the workers use.
+SSE bytes are decoded by :class:`fanout_client.sse.SSEParser`.
 
 Errors name what to do: a base URL that is not ``http(s)://`` is refused when the client
 is built (``ValueError``); a first connection that cannot be made at all (refused,
@@ -26,41 +26,15 @@ import aiohttp
 import msgspec
 from yarl import URL
 
-from schema.contract import Event, decode_event, is_terminal
-from schema.errors import FanoutError
-from schema.reducer import AssembledResult, Assembler
-from worker.frames import SSEFrame
-from worker.sse import SSEDecoder
+from fanout_client.contract import Event, decode_event, is_terminal
+from fanout_client.errors import PublisherUnreachableError, StreamUnavailableError
+from fanout_client.reducer import AssembledResult, Assembler
+from fanout_client.sse import SSEParser
 
 DEFAULT_RETRY_MS: Final = 1000
 """Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
 MAX_BACKOFF_S: Final = 30.0
 """Longest wait between two reconnects."""
-
-
-class StreamUnavailableError(FanoutError):
-    """The publisher refused the stream (404 unknown, 410 history gone, 401/403 token).
-
-    Attributes:
-        status: The HTTP status.
-        problem: The RFC 9457 problem body, when one was sent.
-    """
-
-    def __init__(self, message: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
-        super().__init__(message, category="not_found" if status == 404 else "invalid_request")
-        self.status = status
-        self.problem = problem or {}
-
-
-class PublisherUnreachableError(StreamUnavailableError):
-    """No connection to the publisher could be made (refused, unknown host, TLS), or none kept.
-
-    Raised at once when the first connection of a call fails so; after more than
-    ``max_reconnects`` failed reconnects of :meth:`FanoutClient.events`. ``status`` is 503.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, status=503)
 
 
 NOT_A_ROUTE: Final = "is not a route of a fanout publisher"
@@ -270,14 +244,13 @@ class FanoutClient:
                 return
             if resp.status != 200:
                 await self._json_or_raise(resp, expect=(200,))
-            decoder = SSEDecoder()
+            parser = SSEParser()
             async for chunk in resp.content.iter_any():
-                for frame in decoder.feed(chunk):
-                    if not isinstance(frame, SSEFrame):
-                        continue
-                    event = decode_event(frame.data) if frame.event != "stream.gap" else None
-                    frame_id = int(frame.id) if frame.id and frame.id.isdigit() else None
-                    yield frame_id, event, frame.retry_ms
+                for message in parser.feed(chunk):
+                    data = message.data
+                    event = decode_event(data) if data is not None and message.event != "stream.gap" else None
+                    frame_id = int(message.id) if message.id and message.id.isdigit() else None
+                    yield frame_id, event, message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
         """Follow the stream to its end and return the assembled result."""
