@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,otel,fast]'
 	touch $(STAMP)
 
 install: $(STAMP)
