@@ -28,7 +28,6 @@ from worker.lease import Leases
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_S = 15.0
-BALLAST_BYTES = 4 << 20
 
 
 @contextlib.asynccontextmanager
@@ -56,27 +55,13 @@ def _health(server: RedisProcess, prefix: str) -> subprocess.CompletedProcess[st
                           env=env, capture_output=True, text=True, timeout=GUARD_S, check=False)
 
 
-def _fill(server: RedisProcess) -> None:
-    sync = server.client()
-    sync.config_set("maxmemory-policy", "noeviction")
-    sync.set("ballast", b"x" * BALLAST_BYTES)
-    sync.config_set("maxmemory", str(BALLAST_BYTES))
-    sync.close()
-
-
-def _unfill(server: RedisProcess) -> None:
-    sync = server.client()
-    sync.delete("ballast")
-    sync.close()
-
-
 async def test_readyz_and_health_fail_while_redis_is_out_of_memory_and_pass_after() -> None:
     keys = Keys(prefix="faults-ready-oom")
     with private_redis() as server:
         async with _publisher(server.url, keys) as base, aiohttp.ClientSession() as http:
             assert await _ready(http, base) == (200, "ok")
             assert _health(server, keys.prefix).returncode == 0
-            _fill(server)
+            server.fill()
             status, detail = await _ready(http, base)
             assert status == 503
             assert "OutOfMemoryError" in detail
@@ -86,7 +71,7 @@ async def test_readyz_and_health_fail_while_redis_is_out_of_memory_and_pass_afte
             assert "refuses writes" in unhealthy.stderr
             assert "maxmemory" in unhealthy.stderr
             assert "Traceback" not in unhealthy.stderr
-            _unfill(server)
+            server.unfill()
             assert await _ready(http, base) == (200, "ok")
             assert _health(server, keys.prefix).returncode == 0
 

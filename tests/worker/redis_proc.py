@@ -23,6 +23,10 @@ START_GUARD_S = 15.0
 """Hang guard of a start (AOF load included)."""
 
 
+BALLAST_BYTES = 4 << 20
+"""Size of :meth:`RedisProcess.fill`'s ballast, and so of the ``maxmemory`` it sets."""
+
+
 def server_binary() -> str:
     """Return the redis-server to run (module docstring)."""
     for candidate in ("/usr/bin/redis-server", shutil.which("redis-server")):
@@ -90,6 +94,20 @@ class RedisProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def fill(self, ballast_bytes: int = BALLAST_BYTES) -> None:
+        """Fill the server: a ballast key and ``maxmemory`` at its size (noeviction), so writes get OOM."""
+        sync = self.client()
+        sync.config_set("maxmemory-policy", "noeviction")
+        sync.set("ballast", b"x" * ballast_bytes)
+        sync.config_set("maxmemory", str(ballast_bytes))
+        sync.close()
+
+    def unfill(self) -> None:
+        """Drop the ballast: memory use falls below ``maxmemory`` again."""
+        sync = self.client()
+        sync.delete("ballast")
+        sync.close()
 
     def kill(self) -> None:
         """SIGKILL, as a crash."""

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from schema.contract import BlockRef, BlockStart, Event, StreamDone, StreamError, StreamStart
 from schema.keys import Keys
-from tests.worker.redis_proc import RedisProcess, private_redis
+from tests.worker.redis_proc import private_redis
 from tests.worker.support import (
     fake_upstream,
     make_job,
@@ -59,25 +59,6 @@ async def _all_running(client: aioredis.Redis, keys: Keys, sids: list[str], at_l
         return all(int(m.get("last_seq", 0)) >= at_least and m.get("state") == "running" for m in metas)
 
     await wait_for(running)
-
-
-BALLAST_BYTES = 4 << 20
-
-
-def _fill(server: RedisProcess) -> None:
-    """Fill the private server: a 4 MB ballast and ``maxmemory`` 4 MB (noeviction), so writes get OOM."""
-    sync = server.client()
-    sync.config_set("maxmemory-policy", "noeviction")
-    sync.set("ballast", b"x" * BALLAST_BYTES)
-    sync.config_set("maxmemory", str(BALLAST_BYTES))
-    sync.close()
-
-
-def _unfill(server: RedisProcess) -> None:
-    """Drop the ballast: memory use falls below ``maxmemory`` again."""
-    sync = server.client()
-    sync.delete("ballast")
-    sync.close()
 
 
 @contextlib.asynccontextmanager
@@ -143,9 +124,9 @@ async def test_brief_out_of_memory_within_the_window_loses_nothing() -> None:
             async with running_worker(settings, keys):
                 sids = await _submit_slow(client, keys, 4)
                 await _all_running(client, keys, sids)
-                _fill(server)
+                server.fill()
                 await asyncio.sleep(1.0)
-                _unfill(server)
+                server.unfill()
                 for sid in sids:
                     await wait_done(client, keys, sid)
             for sid in sids:
@@ -261,7 +242,7 @@ async def test_out_of_memory_past_the_window_ends_streams_failed_internal() -> N
             async with running_worker(settings, keys):
                 sids = await _submit_slow(client, keys, 4)
                 await _all_running(client, keys, sids)
-                _fill(server)
+                server.fill()
                 for sid in sids:
                     await wait_done(client, keys, sid)
                 assert await pending_count(client, keys) == 0
@@ -272,7 +253,7 @@ async def test_out_of_memory_past_the_window_ends_streams_failed_internal() -> N
                 assert isinstance(last, StreamError)
                 assert "out of memory" in last.error.message
                 assert (await client.hgetall(keys.tomb(sid)))[b"status"] == b"failed"
-            _unfill(server)
+            server.unfill()
 
 
 async def test_foreign_entry_above_ours_ends_stream_failed_internal_without_looping(
@@ -371,7 +352,6 @@ async def test_stream_claimed_exactly_max_claims_times_still_runs(
         state = await wait_done(redis_client, keys, job.stream_id)
     assert (state["status"], state["token"]) == ("completed", "1")
     _assert_completed_exactly(await stored_events(redis_client, keys, job.stream_id))
-
 
 
 LOSE_LAST_TWO = """
