@@ -96,7 +96,7 @@ def _redis_context(
         ))
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
-        app[STORE] = store = Store(commands, keys, settings.read_page)
+        app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page)
         await announce_shards(client, app[SHARDS])
         live = await node_client(client)  # classic pub/sub: one node reaches the whole cluster
         app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s, heartbeat_s=settings.heartbeat_s,

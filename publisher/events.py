@@ -166,9 +166,10 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     hub = app[HUB]
     try:
         await hub.join(reader)
-        first = [await app[STORE].read_after(stream_id, position)]  # handed over, so no frame keeps the page
+        asked = app[STORE].first_page
+        first = [await app[STORE].read_after(stream_id, position, asked)]  # handed over, so no frame keeps the page
         await check_first_page(request, stream_id, info, position, first[0])
-        return await _stream(request, reader, Projection(scope), first, info.last_seq)
+        return await _stream(request, reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
     finally:
         hub.leave(reader)
 
@@ -181,7 +182,7 @@ def _overflowed(request: web.Request) -> None:
 
 
 async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  first: list[list[Entry]], known_top: int) -> web.StreamResponse:
+                  first: list[list[Entry]], *, asked: int, known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     if request.version >= (1, 1):
@@ -195,7 +196,7 @@ async def _stream(request: web.Request, reader: Reader, projection: Projection,
                       transport=request.transport, chunked=response.chunked)
     try:
         await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
-        await session.run(first)
+        await session.run(first, asked)
         await response.write_eof()
     except ConnectionError:
         pass  # the client left, or its connection was dropped on overflow or a stalled write

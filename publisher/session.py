@@ -40,6 +40,7 @@ from publisher.sse import GAP_EVENT, PING, error_frame
 from publisher.store import Entry, Store
 from publisher.telemetry import Telemetry
 from publisher.visibility import Projection
+from schema.contract import TERMINAL_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +104,31 @@ class Session:
         self.chunked = chunked
         self.writing = False
 
-    async def run(self, first: list[list[Entry]]) -> None:
-        """Serve the stream from the first page (``[page]``, taken out; checked to start at cursor + 1) on."""
-        if not await self._replay(first.pop()):
+    async def run(self, first: list[list[Entry]], asked: int) -> None:
+        """Serve the stream from the first page on.
+
+        Args:
+            first: ``[page]``: the first history page, taken out of the list (so no
+                frame keeps it); checked to start at cursor + 1.
+            asked: The ``COUNT`` that page was read with: a shorter page reached the top.
+        """
+        if not await self._replay(first.pop(), asked):
             await self._live()
 
-    async def _replay(self, page: list[Entry]) -> bool:
+    async def _replay(self, page: list[Entry], asked: int) -> bool:
         """Send history until the reader is live; return True when the response must end.
 
-        While one full page is written, the next is already being read (one read ahead).
+        While one full page is written, the next is already being read (one read ahead);
+        every page after the first is ``store.page`` entries.
         """
         stale = False
         while True:
             entries, gap_seq = self._continuing(page)
+            full = len(page) >= asked
+            asked = self.store.page
             ahead = None
-            if gap_seq is None and len(page) >= self.store.page:
-                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor))
+            if gap_seq is None and full:
+                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor, asked))
                 ahead.add_done_callback(_retrieve)
             try:
                 if await self._send(entries, "replay"):
@@ -128,7 +138,7 @@ class Session:
                     return True
                 if self.reader.closed is not None:
                     return True
-                if len(page) < self.store.page:
+                if not full:
                     if self.reader.cursor < self.known_top:  # stored before this request, gone now
                         await self._gap(self.reader.cursor, None)
                         return True
@@ -138,13 +148,20 @@ class Session:
                         await self._gap(self.reader.cursor, None)
                         return True
                     stale = not page
-                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor))
+                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked))
             finally:
                 if ahead is not None:
                     ahead.cancel()  # no-op once it is done
 
     def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
-        """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq."""
+        """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq.
+
+        Seqs of a page strictly increase, so one that starts at ``cursor + 1`` and spans
+        exactly its length is whole without a look at each entry.
+        """
+        if page and page[0].seq == self.reader.cursor + 1 and page[-1].seq - page[0].seq + 1 == len(page):
+            self.reader.cursor = page[-1].seq
+            return page, None
         for position, entry in enumerate(page):
             if entry.seq != self.reader.cursor + 1:
                 return page[:position], entry.seq
@@ -209,26 +226,28 @@ class Session:
             return False
         sent = [entry for entry in entries if entry.frame and self.projection.visible(entry)]
         if sent:
-            self._write_now(sent[0].frame if len(sent) == 1 else b"".join(entry.frame for entry in sent))
-            for entry in sent:
-                self.telemetry.record_delivery(entry.ts_ms, "live")
+            self._write_now(sent[0].frame if len(sent) == 1 else b"".join([entry.frame for entry in sent]))
+            self.telemetry.record_write(sent, "live")
         return True
 
     async def _send(self, entries: list[Entry], phase: str) -> bool:
         """Write the entries this reader may see in one write; return True when one ends the stream."""
         sent: list[Entry] = []
-        for entry in entries:
-            if self.projection.needs_history(entry):
-                history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)]
-                self.projection.learn_history(history)
-            if entry.frame and self.projection.visible(entry):
-                sent.append(entry)
-            if entry.terminal:
-                break
+        if self.projection.public:
+            for entry in entries:
+                if self.projection.needs_history(entry):
+                    history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)]
+                    self.projection.learn_history(history)
+                if entry.frame and self.projection.visible(entry):
+                    sent.append(entry)
+                if entry.terminal:
+                    break
+        else:  # the internal projection sees every entry: only invalid ones and what follows a terminal are left out
+            end = next((index for index, entry in enumerate(entries) if entry.type in TERMINAL_TYPES), None)
+            sent = [entry for entry in (entries if end is None else entries[:end + 1]) if entry.frame]
         if sent:
-            await self._write(b"".join(entry.frame for entry in sent))
-            for entry in sent:
-                self.telemetry.record_delivery(entry.ts_ms, phase)
+            await self._write(b"".join([entry.frame for entry in sent]))
+            self.telemetry.record_write(sent, phase)
         return bool(sent) and sent[-1].terminal
 
     async def _gap(self, after_seq: int, found_seq: int | None) -> None:

@@ -80,8 +80,11 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id."""
-    read_page: Positive = 1024
-    """Entries per ``XRANGE`` page when replaying or tailing a stream."""
+    read_page: Positive = 4096
+    """Most entries per ``XRANGE`` page when replaying or tailing a stream."""
+    read_first_page: Positive = 256
+    """Entries of a response's first history page (small, so the first byte leaves soon);
+    every later page is ``read_page`` entries."""
     live_batch_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 1.0
     """After each read of the live-channel connection, leave it unread this long, so the
     notifications arriving meanwhile are handled in one read (fewer wake-ups per delivery

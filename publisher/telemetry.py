@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, propagate, trace
 
 from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, redis_error_kind
 from worker.otel_setup import providers_from_env as _providers_from_env
+
+if TYPE_CHECKING:
+    from publisher.store import Entry
 
 SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""
@@ -87,15 +90,20 @@ class Telemetry:
         for kind in REDIS_ERROR_KINDS:
             self.redis_errors.add(0, {"kind": kind})
 
-    def record_delivery(self, ts_ms: int, phase: str) -> None:
-        """Count one delivered event and its publish-to-delivery latency (exported in seconds).
+    def record_write(self, entries: list[Entry], phase: str) -> None:
+        """Count the events of one write and record the publish-to-delivery latency of its last one.
+
+        One latency sample per write, not per event: a live write nearly always holds one
+        event, and a replayed page is one write, so the histogram costs nothing per
+        replayed event.
 
         Args:
-            ts_ms: The event's ``ts``; 0 (unknown) records no latency.
+            entries: The entries written, in seq order, non-empty.
             phase: ``replay`` (read from history) or ``live``.
         """
         attributes = {"phase": phase}
-        self.delivered.add(1, attributes)
+        self.delivered.add(len(entries), attributes)
+        ts_ms = entries[-1].ts_ms
         if ts_ms > 0:
             self.latency.record(max(0.0, time.time() - ts_ms / 1000), attributes)
 

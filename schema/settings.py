@@ -44,7 +44,22 @@ def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object)
     try:
         return msgspec.convert(raw, cls, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"bad configuration: {exc} (variables FANOUT_<FIELD>)") from exc
+        raise SettingsError(f"bad configuration: {_name_variable(str(exc), raw, environ)}") from exc
+
+
+def _name_variable(message: str, raw: Mapping[str, object], environ: Mapping[str, str]) -> str:
+    """Rewrite msgspec's ``... - at `$.field``` into the variable that set the field, with its value.
+
+    A field set by a CLI flag (not in ``environ``) is named as the field.
+    """
+    detail, sep, path = message.rpartition(" - at `$.")
+    if not sep:
+        return f"{message} (variables FANOUT_<FIELD>)"
+    field = path.rstrip("`").split("[", 1)[0].split(".", 1)[0]
+    for name in (PREFIX + field.upper(), field.upper()):
+        if name in environ:
+            return f"{name}={environ[name]!r}: {detail}"
+    return f"{field}={raw.get(field)!r}: {detail}"
 
 
 def _split_list(cls: type[msgspec.Struct], key: str, value: str) -> object:

@@ -148,6 +148,7 @@ class HookedRedis:
         self._inner, self._key, self._when, self._hook = inner, key, when, hook
         self.fired = False
         self.xrange_calls: list[str] = []
+        self.xrange_counts: list[int | None] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -156,6 +157,7 @@ class HookedRedis:
         result = await self._inner.xrange(name, min, max, count=count)
         if name == self._key:
             self.xrange_calls.append(min)
+            self.xrange_counts.append(count)
             if not self.fired and self._when(result):
                 self.fired = True
                 await self._hook()

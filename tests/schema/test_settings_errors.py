@@ -1,0 +1,32 @@
+"""A bad setting is refused with the variable that set it and its value, never msgspec's field path."""
+
+from __future__ import annotations
+
+import pytest
+
+from publisher.settings import PublisherSettings
+from schema.settings import SettingsError, load_settings
+
+
+@pytest.mark.parametrize(("name", "value", "why"), [
+    ("FANOUT_READ_FIRST_PAGE", "0", ">= 1"),
+    ("FANOUT_READ_PAGE", "many", "Expected `int`"),
+    ("FANOUT_LIVE_BATCH_MS", "101", "<= 100"),
+])
+def test_a_bad_variable_is_named_with_its_value(name, value, why):
+    with pytest.raises(SettingsError) as caught:
+        load_settings(PublisherSettings, {name: value})
+    message = str(caught.value)
+    assert message.startswith(f"bad configuration: {name}={value!r}: ")
+    assert why in message
+    assert "$." not in message
+
+
+def test_a_bad_override_is_named_as_its_field():
+    with pytest.raises(SettingsError, match=r"read_page=0: Expected `int` >= 1"):
+        load_settings(PublisherSettings, {}, read_page=0)
+
+
+def test_the_edges_of_the_first_page_are_accepted():
+    assert load_settings(PublisherSettings, {"FANOUT_READ_FIRST_PAGE": "1"}).read_first_page == 1
+    assert load_settings(PublisherSettings, {}).read_first_page == 256
