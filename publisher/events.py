@@ -39,7 +39,7 @@ from publisher.reader import Reader
 from publisher.session import Session
 from publisher.sse import SSE_HEADERS, busy_body, retry_frame
 from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
-from publisher.store import Entry, StreamInfo
+from publisher.store import Entry, Page, StreamInfo
 from publisher.tokens import Scope
 from publisher.visibility import Projection
 from schema.errors import InternalError
@@ -167,7 +167,7 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     try:
         await hub.join(reader)
         asked = app[STORE].first_page
-        first = [await app[STORE].read_after(stream_id, position, asked)]  # handed over, so no frame keeps the page
+        first = [await app[STORE].read_after(stream_id, position, asked, share=hub.share_key(reader))]  # handed over
         await check_first_page(request, stream_id, info, position, first[0])
         return await _stream(request, reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
     finally:
@@ -182,7 +182,7 @@ def _overflowed(request: web.Request) -> None:
 
 
 async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  first: list[list[Entry]], *, asked: int, known_top: int) -> web.StreamResponse:
+                  first: list[Page], *, asked: int, known_top: int) -> web.StreamResponse:
     app = request.app
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     if request.version >= (1, 1):

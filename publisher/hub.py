@@ -155,6 +155,15 @@ class Hub:
         if topic is not None and reader in topic.readers:
             self._leave(topic, reader)
 
+    def share_key(self, reader: Reader) -> object | None:
+        """Return the key under which ``reader``'s history reads may be shared (``Store.read_after``).
+
+        It is the reader's live subscription (its topic): reads made after that
+        subscription was confirmed are all covered by its notifications, so sharing one
+        cannot hide an entry from the live tail. ``None`` before :meth:`join`.
+        """
+        return self._topics.get(reader.stream_id)
+
     def go_live(self, reader: Reader) -> bool:
         """Move a reader from history replay to the live tail, if it has caught up.
 

@@ -37,7 +37,7 @@ from aiohttp import web
 from publisher.hub import Hub
 from publisher.reader import Reader
 from publisher.sse import GAP_EVENT, PING, error_frame
-from publisher.store import Entry, Store
+from publisher.store import Entry, Page, Store
 from publisher.telemetry import Telemetry
 from publisher.visibility import Projection
 from schema.contract import TERMINAL_TYPES
@@ -104,7 +104,7 @@ class Session:
         self.chunked = chunked
         self.writing = False
 
-    async def run(self, first: list[list[Entry]], asked: int) -> None:
+    async def run(self, first: list[Page], asked: int) -> None:
         """Serve the stream from the first page on.
 
         Args:
@@ -128,7 +128,8 @@ class Session:
             asked = self.store.page
             ahead = None
             if gap_seq is None and full:
-                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor, asked))
+                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                                    share=self.hub.share_key(self.reader)))
                 ahead.add_done_callback(_retrieve)
             try:
                 if await self._send(entries, "replay"):
@@ -148,7 +149,8 @@ class Session:
                         await self._gap(self.reader.cursor, None)
                         return True
                     stale = not page
-                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked))
+                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                             share=self.hub.share_key(self.reader)))
             finally:
                 if ahead is not None:
                     ahead.cancel()  # no-op once it is done
@@ -242,6 +244,10 @@ class Session:
                     sent.append(entry)
                 if entry.terminal:
                     break
+        elif entries and isinstance(entries, Page) and (frames := entries.frames()) is not None:
+            await self._write(frames)  # a whole page, as other readers of it send it: one shared bytes object
+            self.telemetry.record_write(entries, phase)
+            return entries[-1].terminal
         else:  # the internal projection sees every entry: only invalid ones and what follows a terminal are left out
             end = next((index for index, entry in enumerate(entries) if entry.type in TERMINAL_TYPES), None)
             sent = [entry for entry in (entries if end is None else entries[:end + 1]) if entry.frame]
@@ -285,7 +291,7 @@ class Session:
         self.last_write = time.monotonic()
 
 
-def _retrieve(task: asyncio.Future[list[Entry]]) -> None:
+def _retrieve(task: asyncio.Future[Page]) -> None:
     """Mark a read-ahead's failure as seen when the response ended before it was awaited."""
     if not task.cancelled():
         task.exception()

@@ -10,6 +10,7 @@ Follows the Redis command pages of XRANGE, XREVRANGE and HGETALL.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -70,6 +71,30 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def terminal(self) -> bool:
         """True for ``stream.done`` and ``stream.error``."""
         return self.type in TERMINAL_TYPES
+
+
+class Page(list[Entry]):
+    """Entries of one XRANGE reply, in seq order; may be shared by readers (never modify one).
+
+    :meth:`frames` joins their SSE messages once, so readers that send the same page
+    send (and hold) one bytes object.
+    """
+
+    __slots__ = ("_frames",)
+
+    def frames(self) -> bytes | None:
+        """Return every entry's frame joined, computed once.
+
+        ``None`` when a frame is empty or a terminal entry comes before the last: the
+        caller then picks the entries to send itself.
+        """
+        try:
+            return self._frames
+        except AttributeError:
+            pass
+        whole = all(entry.frame for entry in self) and not any(entry.terminal for entry in self[:-1])
+        self._frames: bytes | None = b"".join([entry.frame for entry in self]) if whole else None
+        return self._frames
 
 
 class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,7 +164,7 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
     )
 
 
-def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> list[Entry]:
+def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
     """Parse one XRANGE reply (``[(entry id, fields)]``, ascending ids) into entries.
 
     A page whose first and last ids are ``0-<seq>`` and whose length equals the span
@@ -151,7 +176,7 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> list[Entry]:
     skipped). Both give the same entries.
     """
     if not raw:
-        return []
+        return Page()
     first, last = _fast_seq(raw[0][0]), _fast_seq(raw[-1][0])
     if first is not None and last is not None and last - first + 1 == len(raw):
         datas: list[bytes | None] = [fields[1] if len(fields) == 2 and fields[0] == EVENT_FIELD else None
@@ -160,7 +185,7 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> list[Entry]:
             page = _fast_page(first, cast("list[bytes]", datas))
             if page is not None:
                 return page
-    entries = []
+    entries = Page()
     for entry_id, fields in raw:
         seq = _fast_seq(entry_id)
         if seq is None:
@@ -171,7 +196,7 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> list[Entry]:
     return entries
 
 
-def _fast_page(first: int, datas: list[bytes]) -> list[Entry] | None:
+def _fast_page(first: int, datas: list[bytes]) -> Page | None:
     """Entries of seqs ``first ..`` from their event JSONs, or ``None`` when one needs :func:`entry_of`'s care.
 
     ``None`` when a JSON holds a line break (it must be re-encoded on one line) or does
@@ -184,7 +209,7 @@ def _fast_page(first: int, datas: list[bytes]) -> list[Entry] | None:
         peeks = [_peek.decode(data) for data in datas]
     except msgspec.DecodeError:
         return None
-    entries = []
+    entries = Page()
     for seq, peek, data in zip(range(first, first + len(datas)), peeks, datas, strict=True):
         name = _TYPE_NAMES.get(peek.type)
         if name is None:
@@ -256,6 +281,7 @@ class Store:
         self.keys = keys
         self.page = page
         self.first_page = min(page, first_page or page)
+        self._inflight: dict[tuple[object, str, int, int], asyncio.Future[Page]] = {}
         redis.set_response_callback("XRANGE", _raw_stream_list)  # replies are parsed once, here
 
     async def info(self, stream_id: str) -> StreamInfo:
@@ -277,13 +303,46 @@ class Store:
             tomb_last_seq=_int(tomb.get("last_seq")),
         )
 
-    async def read_after(self, stream_id: str, after_seq: int, count: int | None = None) -> list[Entry]:
+    async def read_after(self, stream_id: str, after_seq: int, count: int | None = None, *,
+                         share: object | None = None) -> Page:
         """Return up to ``count`` (default: one page) entries with seq > ``after_seq``, in order.
 
         Runs ``XRANGE <events> (0-<after_seq> + COUNT <count>``; a page shorter than
         ``count`` means the stored top was reached. Callers check contiguity on ``seq``.
+
+        Args:
+            stream_id: The stream.
+            after_seq: The exclusive start position (a seq; 0 for the beginning).
+            count: Most entries returned; ``None`` for ``FANOUT_READ_PAGE``.
+            share: When given, a read of the same stream, position and count already in
+                flight under the same ``share`` key is awaited instead of a new one, and
+                its very :class:`Page` is returned (callers must not modify it). The SSE
+                routes pass their reader's live subscription
+                (:meth:`publisher.hub.Hub.share_key`), so only reads made after that
+                subscription was confirmed are shared and no live entry can fall between
+                a shared read and the live tail. Readers replaying the same stream from
+                the same place then hold one copy of its pages, not one each.
         """
-        return entries_of(stream_id, await self._xrange(stream_id, after_seq, count or self.page))
+        count = count or self.page
+        if share is None:
+            return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))
+        key = (share, stream_id, after_seq, count)
+        shared = self._inflight.get(key)
+        if shared is None:
+            shared = asyncio.ensure_future(self._read_page(stream_id, after_seq, count))
+            self._inflight[key] = shared
+            shared.add_done_callback(lambda done: self._landed(key, done))
+        return await asyncio.shield(shared)
+
+    async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
+        return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))
+
+    def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
+        """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
+        if self._inflight.get(key) is done:
+            del self._inflight[key]
+        if not done.cancelled():
+            done.exception()
 
     async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, Any]]:
         """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
-from publisher.store import entries_of, parse_entry
+from publisher.state import HUB
+from publisher.store import Store, entries_of, parse_entry
 from tests.publisher.helpers import (
     API_KEY,
     HookedRedis,
@@ -91,3 +94,81 @@ def test_the_page_parser_gives_what_parsing_each_entry_gives(name):
     assert entries_of("st_p", raw) == careful
     for entry in careful:  # id, event, data lines and the blank line: no break inside the data
         assert entry.frame == b"" or (entry.frame.count(b"\n") == 4 and b"\r" not in entry.frame)
+
+
+# --- shared reads -----------------------------------------------------------------------------------
+
+class _GatedRedis(HookedRedis):
+    """Holds the first XRANGE of the key until ``ready()`` is true, so later readers find it in flight."""
+
+    def __init__(self, inner, key: str, ready) -> None:
+        async def nothing() -> None:
+            return None
+
+        super().__init__(inner, key, lambda result: False, nothing)
+        self._ready = ready
+        self._held = False
+
+    async def xrange(self, name, min="-", max="+", count=None):
+        if name == self._key and not self._held:
+            self._held = True
+            for _ in range(2000):
+                if self._ready():
+                    break
+                await asyncio.sleep(0.005)
+        return await super().xrange(name, min, max, count)
+
+
+async def test_readers_replaying_from_the_same_place_share_one_read_and_get_exact_streams(ctx):
+    readers = 6
+    gated: list[_GatedRedis] = []
+    app_box: list = []
+
+    def wrap(client):
+        gated.append(_GatedRedis(client, ctx.keys.events(ctx.sid),
+                                 lambda: bool(app_box) and app_box[0][HUB].reader_count(ctx.sid) == readers))
+        return gated[0]
+
+    server = await ctx.start_app(make_settings(read_page=8, read_first_page=3), wrap_redis=wrap)
+    app_box.append(server.app)
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    events = text_stream(ctx.sid, 30)
+    await writer.append(*events)
+
+    async def read() -> list[int]:
+        async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(API_KEY)) as resp:
+            assert resp.status == 200
+            return ids(await SSEClient(resp).events())
+
+    got = await asyncio.gather(*(read() for _ in range(readers)))
+    assert got == [list(range(1, events[-1].seq + 1))] * readers
+    calls = gated[0].xrange_calls
+    assert calls.count("(0-0") == 1  # one first-page read for the six readers
+    assert len(calls) < readers * 2
+
+
+async def test_reads_are_shared_only_under_the_same_key(ctx):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(*text_stream(ctx.sid, 3))
+    store = Store(ctx.redis, ctx.keys, 8)
+    one, other = object(), object()
+    same = await asyncio.gather(store.read_after(ctx.sid, 0, share=one), store.read_after(ctx.sid, 0, share=one))
+    assert same[0] is same[1]
+    apart = await asyncio.gather(store.read_after(ctx.sid, 0, share=one), store.read_after(ctx.sid, 0, share=other),
+                                 store.read_after(ctx.sid, 0), store.read_after(ctx.sid, 0))
+    assert len({id(page) for page in apart}) == 4
+    assert all(page == same[0] for page in apart)
+    assert not store._inflight  # finished reads are forgotten
+
+
+def test_a_page_joins_its_frames_once_and_only_when_whole():
+    raw = PAGES["plain"]
+    page = entries_of("st_p", raw)
+    assert page.frames() is page.frames()
+    assert page.frames() == b"".join(entry.frame for entry in page)
+    assert entries_of("st_p", PAGES["invalid JSON"]).frames() is None  # an empty frame: the caller picks
+    done_then_more = entries_of("st_p", [(b"0-1", [b"e", b'{"type":"stream.done","seq":1}']),
+                                         (b"0-2", [b"e", _event(2)])])
+    assert done_then_more.frames() is None

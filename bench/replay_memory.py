@@ -1,0 +1,102 @@
+"""Publisher memory held by readers that replay one stream's history and never read it.
+
+Runs the publisher in this process, stores one stream whose ``stream.start`` carries
+``--event-kb`` of metadata plus ``--deltas`` small deltas, connects ``--readers`` raw
+sockets from a child process that send the SSE request and then never read, waits
+until the publisher has stopped writing, and prints the RSS growth: in all and per
+reader. With shared reads (``Store.read_after(share=...)``) readers that replay from
+the same place hold one copy of each page instead of one each.
+
+    .venv/bin/python bench/replay_memory.py --redis-port P [--readers 300] [--event-kb 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import msgspec
+import psutil
+import redis.asyncio as aioredis
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from publisher.app import RUNNER_KWARGS, create_app
+from publisher.edge import EdgeRunner
+from publisher.settings import PublisherSettings
+from schema.keys import Keys
+
+CLIENT = r"""
+import socket, sys, time
+host, port, n, sid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+socks = []
+for i in range(n):
+    s = socket.create_connection((host, port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(f"GET /v1/streams/{sid}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer mem-key\r\n\r\n".encode())
+    socks.append(s)
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+async def _settle(me: psutil.Process, seconds: float) -> int:
+    await asyncio.sleep(seconds)
+    gc.collect()
+    return int(me.memory_info().rss)
+
+
+async def main(a: argparse.Namespace) -> None:
+    keys = Keys(f"mem{uuid.uuid4().hex[:8]}")
+    url = f"redis://127.0.0.1:{a.redis_port}/0"
+    client = aioredis.Redis.from_url(url)
+    sid = "st_mem"
+    start = {"type": "stream.start", "stream_id": sid, "seq": 1, "ts": 1, "provider": "p", "model": "m",
+             "metadata": {"blob": "x" * (a.event_kb * 1024)}}
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.meta(sid), mapping={"state": "running", "last_seq": a.deltas + 1})
+    pipe.xadd(keys.events(sid), {"e": msgspec.json.encode(start)}, id="0-1")
+    for seq in range(2, a.deltas + 2):
+        delta = {"type": "block.delta", "stream_id": sid, "seq": seq, "ts": 1,
+                 "block": {"id": "b0", "index": 0, "kind": "text"}, "delta": {"kind": "text", "text": "t" * 200}}
+        pipe.xadd(keys.events(sid), {"e": msgspec.json.encode(delta)}, id=f"0-{seq}")
+    await pipe.execute()
+    settings = PublisherSettings(api_keys=["mem-key"], token_secret="m" * 48, max_connections=a.readers + 10,
+                                 write_timeout_s=600.0)
+    app = create_app(settings, keys=keys, redis_url=url)
+    runner = EdgeRunner(app, **RUNNER_KWARGS, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=4096).start()
+    host, port = runner.addresses[0][:2]
+    me = psutil.Process()
+    before = await _settle(me, 0.5)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, host, str(port), str(a.readers), sid,
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdin is not None
+    await proc.stdout.readline()
+    held = await _settle(me, a.settle_s)
+    print(f"{a.readers} stalled readers of a {a.event_kb} KB stream.start + {a.deltas} deltas: "
+          f"RSS {before / 2**20:.0f} -> {held / 2**20:.0f} MB, {(held - before) / a.readers / 1024:.0f} KB per reader")
+    proc.stdin.close()
+    await proc.wait()
+    after = await _settle(me, 1.0)
+    print(f"after they left: RSS {after / 2**20:.0f} MB")
+    await runner.cleanup()
+    await client.delete(keys.events(sid), keys.meta(sid))
+    await client.aclose()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--redis-port", type=int, required=True)
+    ap.add_argument("--readers", type=int, default=300)
+    ap.add_argument("--event-kb", type=int, default=1024)
+    ap.add_argument("--deltas", type=int, default=2000)
+    ap.add_argument("--settle-s", type=float, default=3.0)
+    asyncio.run(main(ap.parse_args()))
