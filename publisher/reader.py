@@ -23,9 +23,31 @@ CloseReason = Literal["overflow", "gap", "shutdown", "end"]
 """Why a reader stopped: its queue overflowed, stored history skipped seqs, shutdown, or
 its sink wrote the terminal event."""
 
-Sink = Callable[[list[Entry]], bool]
+class Shared:
+    """A batch of live entries encoded once for every reader of a topic (:meth:`publisher.topic.Topic.flush`).
+
+    Args:
+        entries: Consecutive entries, in seq order, non-empty.
+    """
+
+    __slots__ = ("chunk", "entries", "frames", "plain", "sent")
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.sent = [entry for entry in entries if entry.frame]
+        """The entries that have a frame (an invalid stored entry has none)."""
+        self.frames = b"".join([entry.frame for entry in entries])
+        """Their SSE messages, joined (invalid entries have none)."""
+        self.chunk = b"%x\r\n%s\r\n" % (len(self.frames), self.frames) if self.frames else b""
+        """The same as one HTTP/1.1 chunk (chunked transfer coding)."""
+        self.plain = all(entry.block_kind != "reasoning" for entry in entries)
+        """No entry is part of a reasoning block: every projection sees every entry."""
+
+
+Sink = Callable[[list[Entry], "Shared | None"], bool]
 """Writes consecutive entries to the client now (one write) and returns True, or returns
-False to have them queued."""
+False to have them queued. The second argument, when given, is the same entries
+encoded once for all readers."""
 
 
 class Reader:
@@ -67,12 +89,14 @@ class Reader:
         """Take one entry from the hub (never blocks); see :meth:`offer_batch`."""
         self.offer_batch([entry])
 
-    def offer_batch(self, entries: list[Entry]) -> None:
+    def offer_batch(self, entries: list[Entry], shared: Shared | None = None) -> None:
         """Take consecutive entries from the hub (never blocks).
 
         Entries at or below the cursor are ignored (already handled); the rest must
         start at ``cursor + 1`` (else the reader closes with ``gap``) and go to the sink
         in one write, else to the queue; a full queue closes the reader with ``overflow``.
+        ``shared`` (the same entries, encoded once for every reader) is passed on to the
+        sink when the reader takes all of them.
         """
         if self.closed is not None:
             return
@@ -84,7 +108,7 @@ class Reader:
             return
         if batch[0].seq != self.cursor + 1:
             self.fail_gap(batch[0].seq)
-        elif not self._queue and self.sink is not None and self.sink(batch):
+        elif not self._queue and self.sink is not None and self.sink(batch, None if skip else shared):
             self.cursor = batch[-1].seq
             if batch[-1].terminal:
                 self.close("end")

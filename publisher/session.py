@@ -35,7 +35,7 @@ import msgspec
 from aiohttp import web
 
 from publisher.hub import Hub
-from publisher.reader import Reader
+from publisher.reader import Reader, Shared
 from publisher.sse import GAP_EVENT, PING, error_frame
 from publisher.store import Entry, Page, Store
 from publisher.telemetry import Telemetry
@@ -216,15 +216,30 @@ class Session:
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         self.last_write = time.monotonic()
 
-    def deliver(self, entries: list[Entry]) -> bool:
+    def deliver(self, entries: list[Entry], shared: Shared | None = None) -> bool:
         """Write consecutive live entries to the socket now, in one write, if that cannot block (the sink).
+
+        Args:
+            entries: The entries, continuing this reader's cursor.
+            shared: The same entries encoded once for every reader of the topic; when
+                none of them is part of a reasoning block (so every projection sees them
+                all), its bytes are written as they are.
 
         Returns:
             True when the entries are handled (written, or hidden by the projection);
             False when they must be queued: a write is in progress, the socket buffer is
             over :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
         """
-        if not self._writable() or any(self.projection.needs_history(entry) for entry in entries):
+        if not self._writable():
+            return False
+        if shared is not None and shared.plain:
+            if shared.sent:
+                assert self.transport is not None
+                self.transport.write(shared.chunk if self.chunked else shared.frames)
+                self.last_write = time.monotonic()
+                self.telemetry.record_write(shared.sent, "live")
+            return True
+        if any(self.projection.needs_history(entry) for entry in entries):
             return False
         sent = [entry for entry in entries if entry.frame and self.projection.visible(entry)]
         if sent:

@@ -17,7 +17,7 @@ import time
 from typing import Final, Literal
 
 from publisher.live import Notification
-from publisher.reader import Reader
+from publisher.reader import Reader, Shared
 from publisher.store import Entry, entry_of
 
 BACKLOG_MAX: Final = 64
@@ -138,8 +138,9 @@ class Topic:
             return
         entries, self.staged = self.staged, []
         live = list(self.live)
+        shared = Shared(entries)  # encoded once: a reader that keeps up gets these very bytes
         for reader in live:
-            reader.offer_batch(entries)
+            reader.offer_batch(entries, shared)
         if any(reader.closed is not None for reader in live):
             self.live = {reader for reader in live if reader.closed is None}
 

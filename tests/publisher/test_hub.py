@@ -330,3 +330,49 @@ async def test_live_readers_survive_a_lost_pubsub_connection(ctx):
         assert [(await client.next_event())["id"] for _ in range(2)] == ["2", "3"]  # no further append needed
         await writer.append(stop(ctx.sid, 4, 0), done(ctx.sid, 5))
         assert ids(await client.events()) == [4, 5]
+
+
+async def _raw_http10_reader(server, sid: str, token: str) -> socket.socket:
+    """An HTTP/1.0 SSE reader (no chunked coding) on a plain socket."""
+    host, port = server.url("").removeprefix("http://").rstrip("/").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"GET /v1/streams/{sid}/events HTTP/1.0\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    sock.settimeout(GUARD_S)
+    return sock
+
+
+def _read_until(sock: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def test_live_batches_encoded_once_reach_every_projection_and_coding_exactly(ctx):
+    """Plain batches go to every live reader as one shared encoding; reasoning ones still pass each projection."""
+    events = _reasoning_then_text(ctx.sid, "internal")
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(events[0])
+    public, internal = token_for(ctx.sid, "public"), token_for(ctx.sid, "internal")
+    responses = [await ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(token))
+                 for token in (public, internal, public)]
+    clients = [SSEClient(resp) for resp in responses]
+    for client in clients:
+        assert (await client.next_event())["id"] == "1"
+    raw = await _raw_http10_reader(ctx.server, ctx.sid, public)
+    assert b"id: 1\n" in await asyncio.to_thread(_read_until, raw, b"id: 1\n")
+    await eventually(lambda: len(ctx.server.app[HUB]._topics[ctx.sid].live) == 4)
+    await writer.append(*events[1:4])  # the internal reasoning block, one batch
+    await writer.append(*events[4:])  # the text block and stream.done, one batch
+    got = [ids(await client.events()) for client in clients]
+    assert got == [[5, 6, 7, 8], list(range(2, 9)), [5, 6, 7, 8]]
+    tail = await asyncio.to_thread(_read_until, raw, b"event: stream.done")
+    raw.close()
+    assert b"secret" not in tail
+    assert [int(line[4:]) for line in tail.split(b"\n") if line.startswith(b"id: ")] == [5, 6, 7, 8]
+    assert b"\r\n" not in tail.split(b"\r\n\r\n", 1)[-1]  # HTTP/1.0: frames as they are, no chunk framing
+    for resp in responses:
+        resp.close()
