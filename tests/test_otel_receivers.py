@@ -354,7 +354,8 @@ def test_publisher_scrape_counts_readers_deliveries_and_the_204(scrape: dict[str
     assert _sample(publisher, "fanout_sse_readers", "fanout_sse_readers") == 0
     delivered = _sample(publisher, "fanout_sse_events_delivered", "fanout_sse_events_delivered_total")
     assert delivered >= 5
-    assert _sample(publisher, "fanout_delivery_latency_seconds", "fanout_delivery_latency_seconds_count") == delivered
+    writes = _sample(publisher, "fanout_delivery_latency_seconds", "fanout_delivery_latency_seconds_count")
+    assert 1 <= writes <= delivered  # one latency sample per write, and a write holds one event or more
     assert _sample(publisher, "fanout_sse_no_content", "fanout_sse_no_content_total") == 1
     assert _sample(publisher, "fanout_sse_resumes", "fanout_sse_resumes_total") == 1
     assert _sample(publisher, "fanout_redis_errors", "fanout_redis_errors_total", kind="connection") == 0
