@@ -18,8 +18,9 @@ append), each fenced by the caller's token:
    again; ``WRONGTYPE`` on the events key), :data:`MARK_LUA` ends the stream without an
    event: meta ``state=done``, ``status``, ``ended_ms``, ``error_category``,
    ``error_message``, the TTLs, and the tombstone ``{last_seq, status}``, then ``PUBLISH``
-   (``SPUBLISH`` in sharded live mode, as the append) the unchanged ``last_seq``. Readers then see what an ended stream shows: the status
-   route reports ``done`` with that status, and an SSE request at or past the last
+   (``SPUBLISH`` in sharded live mode, as the append) the unchanged ``last_seq``. Readers
+   then see what an ended stream shows: the status route reports ``done`` with that
+   status, and an SSE request at or past the last
    stored event gets 204 (``publisher.events``), so no reader waits forever.
 
 The caller acks the job after either step, and also when neither could store anything
