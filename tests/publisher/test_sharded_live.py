@@ -88,6 +88,17 @@ def _sid_per_master(client: RedisCluster, keys: Keys) -> dict[str, str]:
     return out
 
 
+def _sids_per_master(client: RedisCluster, keys: Keys, count: int) -> list[str]:
+    """``count`` stream ids on each primary."""
+    by_node: dict[str, list[str]] = {node.name: [] for node in client.get_primaries()}
+    while any(len(v) < count for v in by_node.values()):
+        sid = f"st_{uuid.uuid4().hex}"
+        bucket = by_node[client.get_node_from_key(keys.meta(sid)).name]
+        if len(bucket) < count:
+            bucket.append(sid)
+    return [sid for bucket in by_node.values() for sid in bucket]
+
+
 def _node(cluster: RedisClusterServers, name: str) -> RedisServer:
     return next(node for node in cluster.nodes if f"127.0.0.1:{node.port}" == name)
 
@@ -181,6 +192,42 @@ async def test_sharded_live_events_reach_readers_on_every_master_without_a_read(
     assert tails == [stored[name] for name, group in readers.items() for _ in group]
 
 
+def _subscriber_ids(server: RedisServer) -> set[int]:
+    """Ids of the node's connections holding shard-channel subscriptions (``CLIENT LIST`` ``ssub``)."""
+    with server.client() as sync:
+        return {int(c["id"]) for c in sync.client_list() if int(c.get("ssub", 0)) > 0}
+
+
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_burst_of_topics_is_subscribed_per_slot_and_their_links_close_when_they_leave(
+        redis_url: str, redis_client: RedisCluster, keys: Keys, test_cluster: RedisClusterServers,
+        caplog: pytest.LogCaptureFixture) -> None:
+    await redis_client.initialize()
+    sids = _sids_per_master(redis_client, keys, 10)  # 10 slots on each master, joined at once
+    writers = [await _writer(redis_client, keys, sid) for sid in sids]
+    for writer, sid in zip(writers, sids, strict=True):
+        await writer.append([start(sid)])
+    before = {node.port: _subscriber_ids(node) for node in test_cluster.nodes}
+    async with _publisher(redis_url, keys, cluster=True) as base, aiohttp.ClientSession() as http:
+        readers = await asyncio.gather(*(_open_reader(http, base, sid) for sid in sids))
+        for reader in readers:
+            assert (await reader.next_event() or {}).get("id") == "1"
+        owners = {sid: _node(test_cluster, redis_client.get_node_from_key(keys.meta(sid)).name) for sid in sids}
+        for node in test_cluster.nodes:
+            assert _shard_channels(node, keys) == {keys.live(s).encode() for s, o in owners.items() if o is node}
+        links = {node.port: _subscriber_ids(node) - before[node.port] for node in test_cluster.nodes}
+        assert [len(ids) for ids in links.values()] == [1, 1, 1]  # one subscriber connection per master
+        for writer, sid in zip(writers, sids, strict=True):
+            await writer.append([delta(sid, 2, 0, "x")])
+        for reader in readers:
+            assert (await reader.next_event() or {}).get("id") == "2"
+        for reader in readers:
+            reader.response.close()
+        await _eventually(lambda: all(not (_subscriber_ids(n) & links[n.port]) for n in test_cluster.nodes))
+        assert all(_shard_channels(node, keys) == set() for node in test_cluster.nodes)
+    assert not [r for r in caplog.records if "refused" in r.getMessage()], "no CROSSSLOT or MOVED on the way"
+
+
 async def _migrate_slot(cluster: RedisClusterServers, source: RedisServer, target: RedisServer, slot: int) -> None:
     """Move ``slot`` from ``source`` to ``target`` as ``redis-cli --cluster reshard`` does (keys in one MIGRATE)."""
     with source.client() as src, target.client() as dst:
@@ -243,7 +290,22 @@ def _replicas_up(cluster: RedisClusterServers) -> bool:
     return True
 
 
-async def test_a_failover_under_live_readers_loses_and_repeats_nothing() -> None:
+def _replica_of(cluster: RedisClusterServers, master: RedisServer) -> RedisServer:
+    with master.client() as sync:
+        master_id = sync.execute_command("CLUSTER MYID").decode()
+    for node in cluster.nodes:
+        with node.client() as sync:
+            if sync.info("replication").get("role") == "slave" and any(
+                    n.get("master_id") == master_id and "myself" in n["flags"]
+                    for n in sync.execute_command("CLUSTER NODES").values()):
+                return node
+    raise AssertionError("the master has no replica")
+
+
+@pytest.mark.parametrize("how", ["kill", "manual"])
+async def test_a_failover_under_live_readers_loses_and_repeats_nothing(how: str) -> None:
+    """``kill``: the master dies and its link is lost; ``manual``: ``CLUSTER FAILOVER`` demotes it and Redis drops
+    the subscription."""
     keys = Keys(prefix=f"liveover-{uuid.uuid4().hex[:8]}")
     with redis_cluster(masters=3, replicas=1) as cluster:
         await _eventually(lambda: _replicas_up(cluster))
@@ -264,9 +326,13 @@ async def test_a_failover_under_live_readers_loses_and_repeats_nothing() -> None
                     await writer.append([delta(sid, seq, 0, f"before {seq}")])
                 with victim.client() as sync:  # every event stored so far is on the replica too
                     assert sync.execute_command("WAIT", 1, 5000) == 1
-                victim.kill()
-                await _eventually(lambda: len(cluster.primaries()) == 3)
-                promoted = next(n for n in cluster.primaries() if n.port not in {m.port for m in cluster.nodes[:3]})
+                promoted = _replica_of(cluster, victim)
+                if how == "kill":
+                    victim.kill()
+                else:
+                    with promoted.client() as sync:
+                        sync.execute_command("CLUSTER FAILOVER")
+                await _eventually(lambda: promoted in cluster.primaries() and len(cluster.primaries()) == 3)
                 for seq in range(13, 33):  # the writer's retries follow the promotion
                     await writer.append([delta(sid, seq, 0, f"after {seq}")])
                 await _eventually(lambda: _shard_channels(promoted, keys) == {keys.live(sid).encode()})
