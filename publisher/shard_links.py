@@ -18,7 +18,9 @@ reply answers which command:
   ``sunsubscribe`` nobody asked for (Redis 7 sends one to every subscriber of a shard
   channel when its slot moves away or its node becomes a replica) heals the link: the
   slot map is read again and each of its channels is routed to its owner now; a channel
-  that moved, or that this node no longer holds, is subscribed there;
+  that moved, or that this node no longer holds, is subscribed there. A map that still
+  names the node that dropped a channel is stale (gossip is not instant; a replica would
+  even accept the subscription): it is read again, up to :data:`STALE_MAP_HEALS` times;
 * a lost link (node killed, failover) fails its unconfirmed subscriptions (those
   readers answer 503 and retry), waits :data:`RETRY_S`, reads the slot map, moves its
   channels to their current owners and reconnects for those still routed to it.
@@ -53,6 +55,11 @@ log = logging.getLogger(__name__)
 RETRY_S: Final = 0.5
 """Pause after a lost link before it is rerouted and reconnected, and least time between
 two heals of one link, seconds."""
+STALE_MAP_HEALS: Final = 10
+"""Heals (one per :data:`RETRY_S`) during which a slot map that still names the node that
+dropped a channel is taken as stale: the channel waits for a map naming its new owner
+(after a failover, the old master, now a replica, would still accept it). Past them the
+map is believed and the channel subscribed there again."""
 
 
 def node_endpoint(node: ClusterNode) -> Endpoint:
@@ -77,6 +84,8 @@ class _Shard:
         """Channels Redis confirmed on this connection (``ssubscribe`` minus ``sunsubscribe`` pushes)."""
         self.unsubs: collections.Counter[bytes] = collections.Counter()
         """``SUNSUBSCRIBE`` sent and not answered yet, per channel (their pushes are expected)."""
+        self.dropped: dict[bytes, int] = {}
+        """Channels this node dropped on its own, and how many heals since found it still named owner."""
         self.barriers: dict[bytes, list[tuple[bytes, asyncio.Future[None]]]] = {}
         self.pending: list[tuple[str, bytes]] = []
         self.lost = asyncio.Event()
@@ -87,6 +96,7 @@ class _Shard:
 
     def reset(self) -> None:
         """Forget the state of a previous connection."""
+        self.dropped.clear()
         self.lost.clear()
         self.pending.clear()
         self.subscribed.clear()
@@ -278,16 +288,24 @@ class ShardLinks:
         await self._refresh()
         if shard.retired:
             return
+        stale = False
         for channel in list(shard.channels):
             owner = self._owner(channel)
             if owner is not None and owner.name != shard.name:
                 log.info("sharded pub/sub: %r moves from %s to %s", channel, shard.name, owner.name)
                 shard.channels.discard(channel)
+                shard.dropped.pop(channel, None)
                 self._place(channel, owner)
+            elif channel in shard.dropped and shard.dropped[channel] < STALE_MAP_HEALS:
+                shard.dropped[channel] += 1  # the map still names the node that dropped it: ask again
+                stale = True
             elif channel not in shard.subscribed and shard.link.connected:
+                shard.dropped.pop(channel, None)
                 shard.pending.append(("sub", channel))
         if not shard.channels:
             self._retire(shard)
+        elif stale:
+            self._heal_soon(shard)
         self._schedule()
 
     def _heal_soon(self, shard: _Shard) -> None:
@@ -327,6 +345,7 @@ class ShardLinks:
 
     def _confirmed(self, shard: _Shard, channel: bytes) -> None:
         shard.subscribed.add(channel)
+        shard.dropped.pop(channel, None)
         if self._route.get(channel) is shard:
             self._on_subscribed(channel)
         else:  # routed elsewhere meanwhile (or left): do not keep a second subscription here
@@ -339,6 +358,7 @@ class ShardLinks:
             return
         if self._route.get(channel) is shard:  # Redis dropped it: its slot moved, or the node became a replica
             log.info("sharded pub/sub: %s dropped %r; reading the slot map again", shard.name, channel)
+            shard.dropped[channel] = 0
             self._heal_soon(shard)
 
     def _barrier(self, shard: _Shard, token: bytes) -> None:
