@@ -4,7 +4,9 @@
 demo all start. The Redis client (:func:`worker.redis_client.connect`: on a single node a
 blocking pool of ``FANOUT_REDIS_MAX_CONNECTIONS``, so a burst of readers waits for a
 connection instead of failing; with ``FANOUT_REDIS_CLUSTER=1`` a cluster client, that
-many connections per node), the hub (its pub/sub on a plain connection to one node) and
+many connections per node), the hub (classic pub/sub on a plain connection to one node,
+or, on a Redis 7 cluster, sharded pub/sub at each slot's owner:
+:func:`worker.redis_client.live_mode`) and
 the jobs streams' groups (created at start, the shard count recorded in
 ``P:jobshards``) live in ``cleanup_ctx``; state is reached
 through the typed keys of :mod:`publisher.state`. Run the app with
@@ -34,7 +36,8 @@ from publisher.store import Store
 from publisher.submit import JobShards, announce_shards
 from publisher.telemetry import Telemetry
 from schema.keys import Keys
-from worker.redis_client import RedisClient, RedisOptions, connect, node_client
+from schema.settings import SettingsError
+from worker.redis_client import RedisClient, RedisOptions, connect, live_mode, node_client
 
 RUNNER_KWARGS: Final[dict[str, Any]] = {"access_log_class": MaskedAccessLogger, "handler_cancellation": True}
 """Keyword arguments for ``web.AppRunner`` / ``TestServer`` / ``web.run_app`` of this app."""
@@ -98,13 +101,21 @@ def _redis_context(
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page)
         await announce_shards(client, app[SHARDS])
-        live = await node_client(client)  # classic pub/sub: one node reaches the whole cluster
-        app[HUB] = hub = Hub(live, store, keys.live, settings.subscribe_timeout_s, heartbeat_s=settings.heartbeat_s,
-                             live_batch_s=settings.live_batch_ms / 1000, reconnect=lambda: node_client(client))
+        try:
+            mode = await live_mode(client, settings.live_pubsub)  # as the workers decide it
+        except SettingsError:
+            await client.aclose()
+            raise
+        # classic: one node's connection hears the whole cluster; sharded: each channel at its slot's owner
+        live = await node_client(client) if mode == "classic" else None
+        app[HUB] = hub = Hub(live or client, store, keys.live, settings.subscribe_timeout_s,
+                             heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000,
+                             reconnect=lambda: node_client(client), mode=mode)
         await hub.start()
         yield
         await hub.close()
-        await live.aclose()
+        if live is not None:
+            await live.aclose()
         await client.aclose()
 
     return redis_context

@@ -20,6 +20,15 @@ heartbeat interval.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
+
+Which pub/sub (:func:`worker.redis_client.live_mode`, the worker decides the same way):
+``classic`` (a single node, a Redis 6.2 cluster) uses ONE connection to one node with
+``SUBSCRIBE``; after it is lost the hub reconnects (to a node of the current topology)
+and subscribes every topic again. ``sharded`` (a Redis 7 cluster, where a classic
+``PUBLISH`` would be broadcast to every node) subscribes each channel with ``SSUBSCRIBE``
+at the primary owning its slot, one connection per such primary, following slot moves
+and failovers (:mod:`publisher.shard_links`). Either way a subscription confirmed again
+is a resubscription, which the topic repairs with one read.
 """
 
 from __future__ import annotations
@@ -29,20 +38,24 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from publisher.live import parse_notification
-from publisher.pubsub import PubSubLink, endpoint_of
+from publisher.pubsub import Endpoint, PubSubLink, endpoint_of
 from publisher.reader import Reader
+from publisher.shard_links import ShardLinks
 from publisher.store import Store
 from publisher.topic import Topic
 from schema.errors import InternalError
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    from worker.redis_client import LiveMode
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +72,8 @@ class Hub:
     """Process-wide fan-out of stored events to readers.
 
     Args:
-        redis: Client whose pool gives the one pub/sub connection.
+        redis: Classic mode: client whose pool gives the one pub/sub connection. Sharded
+            mode: the cluster client whose slot map routes each channel.
         store: Reads of stored entries (shared with the handlers).
         channel_of: Live channel name of a stream id (``Keys.live``).
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
@@ -69,11 +83,13 @@ class Hub:
             (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
             the hub reconnects to that node and subscribes every topic again (after a
             failover the old node may be gone for good). ``None``: retry the same node.
+            Classic mode only.
+        mode: ``classic`` or ``sharded`` (:func:`worker.redis_client.live_mode`).
     """
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: aioredis.Redis | RedisCluster,
         store: Store,
         channel_of: Callable[[str], str],
         subscribe_timeout_s: float,
@@ -81,9 +97,11 @@ class Hub:
         heartbeat_s: float = 15.0,
         live_batch_s: float = 0.0,
         reconnect: Callable[[], Awaitable[Any]] | None = None,
+        mode: LiveMode = "classic",
     ) -> None:
         self._reconnect = reconnect
-        self._link = PubSubLink(endpoint_of(redis), self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
+        point = endpoint_of(redis) if mode == "classic" else Endpoint()  # sharded: never connected
+        self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
         self._staged: list[Topic] = []
         self._store = store
         self._channel_of = channel_of
@@ -98,11 +116,17 @@ class Hub:
         self._closing = False
         self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._shards = None if mode == "classic" else ShardLinks(
+            cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
+            on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged)
 
     async def start(self) -> None:
-        """Start the pub/sub connection, the audit and the heartbeat timer."""
-        self._tasks = [asyncio.create_task(self._link_loop()), asyncio.create_task(self._audit_loop()),
-                       asyncio.create_task(self._beat_loop())]
+        """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""
+        if self._shards is not None:
+            await self._shards.start()
+        self._tasks = [asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop())]
+        if self._shards is None:
+            self._tasks.append(asyncio.create_task(self._link_loop()))
 
     async def close(self) -> None:
         """Stop every task and close the pub/sub connection (the wait is bounded by :data:`CLOSE_TIMEOUT_S`)."""
@@ -112,6 +136,7 @@ class Hub:
         self._link.close()
         self._lost.set()
         tasks = [*self._tasks, *(t.pump for t in self._topics.values() if t.pump is not None)]
+        tasks += self._shards.close() if self._shards is not None else []
         for task in tasks:
             task.cancel()
         if tasks:
@@ -195,6 +220,9 @@ class Hub:
 
     def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
         """Queue one (un)subscription; everything queued in one loop turn is sent together."""
+        if self._shards is not None:
+            self._shards.queue(op, channel)
+            return
         self._pending.append((op, channel, topic))
         if not self._flush_due:
             self._flush_due = True
@@ -293,17 +321,24 @@ class Hub:
             return
         kind = reply[0]
         if kind == b"message":
-            topic = self._by_channel.get(reply[1])
-            if topic is not None and topic.notified(parse_notification(reply[2])) == "delivered":
-                self._staged.append(topic)
+            self._notified(reply[1], reply[2])
         elif kind == b"pong":
             for barrier in self._barriers.pop(reply[1], []):
                 if not barrier.done():
                     barrier.set_result(None)
         elif kind == b"subscribe":
-            topic = self._by_channel.get(reply[1])
-            if topic is not None:
-                topic.resubscribed()
+            self._subscribed(reply[1])
+
+    def _notified(self, channel: bytes, payload: bytes) -> None:
+        """Apply one live notification (either pub/sub); stage its topic when its events were accepted."""
+        topic = self._by_channel.get(channel)
+        if topic is not None and topic.notified(parse_notification(payload)) == "delivered":
+            self._staged.append(topic)
+
+    def _subscribed(self, channel: bytes) -> None:
+        topic = self._by_channel.get(channel)
+        if topic is not None:
+            topic.resubscribed()
 
     async def _pump(self, topic: Topic) -> None:
         while not self._closing:

@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     check_redis_url(settings.redis_url)
     try:
         return run_loop(serve(settings, args.host, args.port), use_uvloop=settings.uvloop)
+    except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on a single node)
+        print(f"fanout publisher: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (*REDIS_ERRORS, ValueError) as exc:
         print(f"fanout publisher: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
               f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER", file=sys.stderr)

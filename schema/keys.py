@@ -14,7 +14,7 @@ key                            type      content
 ``P:jobs``                     stream    legacy unsharded jobs stream: served while it exists, never written
 ``P:{id}:events``              stream    entry id ``0-<seq>``, field ``e`` = the event JSON
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
-``P:{id}:live``                channel   PUBLISH of the last stored seq (decimal) after each append
+``P:{id}:live``                channel   PUBLISH (SPUBLISH on a Redis 7 cluster) after each append
 ``P:{id}:cancel``              string    ``1`` once a client asked to cancel; TTL ``cancel_ttl_s``
 ``P:{id}:tomb``                hash      ``last_seq``, ``status`` kept after the events expire
 ``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
@@ -60,7 +60,8 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   outlives its stream: meta, tombstone, events and ``P:done`` hold no request.
 * Appends (worker, :mod:`worker.appender`, one script on the stream's slot, KEYS
   events, meta, tomb, live) must present that token, so an older owner is fenced out;
-  they write ``0-<seq>`` entries, advance ``last_seq`` and ``PUBLISH`` it on ``live``. On a
+  they write ``0-<seq>`` entries, advance ``last_seq`` and ``PUBLISH`` it on ``live``
+  (``SPUBLISH`` on a Redis 7 cluster: ``worker.redis_client.live_mode``). On a
   terminal event they set ``state=done``, ``status``, ``ended_ms``, ``EXPIRE`` events and
   meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
   summary then goes to ``P:done`` by a separate ``XADD MAXLEN ~ done_maxlen`` (another
@@ -81,7 +82,9 @@ Redis Cluster: every server-side script touches the keys of ONE slot and names e
 them in ``KEYS`` (tests/worker/test_cluster_scripts.py checks both); each jobs shard
 (its own hash tag ``{<n>}``), ``P:jobs``, ``P:jobshards``, ``P:done`` and ``P:cancels``
 have their own slots and are only reached by plain commands or by a script of their
-own on one key. Classic pub/sub (``P:{id}:live``, ``P:cancels``) reaches every node.
+own on one key. Classic pub/sub (``P:cancels``; ``P:{id}:live`` on a single node and on
+Redis 6.2) reaches every node; on a Redis 7 cluster ``P:{id}:live`` is a shard channel of
+its stream's slot (``SPUBLISH``/``SSUBSCRIBE``), heard only at that slot's owner.
 
 Pure: no redis import.
 """

@@ -11,14 +11,22 @@ The script (``EVALSHA`` of a script registered with redis-py's ``register_script
 3. ``HSET <meta> last_seq`` and, when the batch ends with a terminal event, ``state=done``,
    ``status``, ``ended_ms``; ``EXPIRE`` events and meta (``stream_ttl_s``); the tombstone
    hash ``{last_seq, status}`` with ``EXPIRE tombstone_ttl_s``;
-4. ``PUBLISH <live> <payload>``: the batch's events themselves when they fit
-   ``live_max_bytes``, else the seq-only ``<last_seq>`` (format: :mod:`publisher.live`).
+4. ``PUBLISH <live> <payload>``, or ``SPUBLISH`` on a Redis 7 cluster: the batch's events
+   themselves when they fit ``live_max_bytes``, else the seq-only ``<last_seq>`` (format:
+   :mod:`publisher.live`).
+
+Which pub/sub: :func:`worker.redis_client.live_mode`, decided once per process (the
+worker asks at startup, :meth:`Appender.live`) and passed to every call; publishers
+decide the same way and subscribe accordingly. A classic ``PUBLISH`` on a cluster is
+broadcast to every node over the cluster bus; ``SPUBLISH`` stays on the shard owning the
+channel's slot. The script names ``SPUBLISH`` but only calls it when told, so it still
+loads and runs on Redis 6.2 (Lua resolves command names when called).
 
 Redis Cluster: the script touches only the stream's own keys, all hash-tagged
 ``{<stream_id>}`` and so in one slot, and every one of them is passed in ``KEYS``
 (events, meta, tomb, and the live channel: not a key, but declared so the slot check
-covers it and a move to sharded ``SPUBLISH``, which Redis Cluster slot-checks like a key,
-needs no change). No key name is built inside the Lua.
+covers it; Redis Cluster slot-checks ``SPUBLISH``'s channel like a key). No key name is
+built inside the Lua.
 
 The analytics summary of a finished stream goes to ``P:done``, which lives in another
 slot, so it is NOT written by the script: after the script stored a terminal event,
@@ -41,7 +49,7 @@ that can never succeed raise :class:`~schema.errors.StorageRefusedError`; the jo
 ends the stream through :meth:`StreamWriter.end_refused` (:mod:`worker.salvage`).
 
 Layout and protocol: :mod:`schema.keys`. Redis command pages followed: EVALSHA, XADD, HSET,
-EXPIRE, PUBLISH. The refusals (:class:`AppendRefusedError` and its subclasses) are defined
+EXPIRE, PUBLISH, SPUBLISH. The refusals (:class:`AppendRefusedError` and its subclasses) are defined
 in :mod:`schema.errors` and re-exported here.
 """
 
@@ -67,7 +75,7 @@ from schema.errors import (
 )
 from schema.keys import Keys
 from worker.error_policy import redis_error_fields
-from worker.redis_client import RedisClient
+from worker.redis_client import LiveMode, LivePubSub, RedisClient, live_mode
 from worker.salvage import Salvage
 from worker.storage import RetryPolicy, wait_replicated, with_retry
 from worker.summary import summary_fields
@@ -117,10 +125,14 @@ else
   redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
 local live_max = tonumber(ARGV[7])
+local note = new_last
 if live_max > 0 and size <= live_max then
-  redis.call('PUBLISH', KEYS[4], new_last .. ' ' .. first .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n))
+  note = new_last .. ' ' .. first .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n)
+end
+if ARGV[10 + n] == 'sharded' then
+  redis.call('SPUBLISH', KEYS[4], note)
 else
-  redis.call('PUBLISH', KEYS[4], new_last)
+  redis.call('PUBLISH', KEYS[4], note)
 end
 return {'ok', tostring(new_last)}
 """
@@ -128,7 +140,8 @@ return {'ok', tostring(new_last)}
 ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
 tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
-answers ``landed``). The notification is ``<last> <first>\\n<json>\\n...`` when the JSONs
+answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
+:func:`worker.redis_client.live_mode`). The notification is ``<last> <first>\\n<json>\\n...`` when the JSONs
 and their separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else
 ``<last>`` (:mod:`publisher.live`)."""
 
@@ -148,6 +161,8 @@ class Appender:
         wait_ms: Longest such ``WAIT``, ms.
         live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
             ride on the live notification; a larger batch publishes only its last seq.
+        live_pubsub: ``FANOUT_LIVE_PUBSUB``, resolved by :meth:`live` on first use
+            (:func:`worker.redis_client.live_mode`).
     """
 
     def __init__(
@@ -155,6 +170,7 @@ class Appender:
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
         on_retry: Callable[[BaseException], None] | None = None,
         wait_replicas: int = 0, wait_ms: int = 1000, live_max_bytes: int = LIVE_MAX_BYTES,
+        live_pubsub: LivePubSub = "auto",
     ) -> None:
         self.redis, self.keys = redis, keys
         self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s), str(live_max_bytes))
@@ -167,6 +183,23 @@ class Appender:
         """``WAIT`` after a terminal: (replicas, timeout ms)."""
         self.script: AsyncScript = redis.register_script(APPEND_LUA)
         self.salvage = Salvage(redis, keys, self.ttls[:2])
+        self.live_pubsub = live_pubsub
+        self.live_mode: LiveMode | None = None
+        """The resolved live mode once :meth:`live` ran."""
+
+    async def live(self) -> LiveMode:
+        """Return the live mode, deciding it on the first call (:func:`worker.redis_client.live_mode`).
+
+        The worker calls it at startup, so a deployment that cannot do what
+        ``FANOUT_LIVE_PUBSUB`` asks fails then; every append reuses the answer.
+
+        Raises:
+            SettingsError: ``sharded`` asked where Redis cannot do it.
+            redis.exceptions.RedisError: Redis unreachable (the next call asks again).
+        """
+        if self.live_mode is None:
+            self.live_mode = await live_mode(self.redis, self.live_pubsub)
+        return self.live_mode
 
     async def replicate_terminal(self, stream_id: str) -> None:
         """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`worker.storage.wait_replicated`).
@@ -235,7 +268,7 @@ class StreamWriter:
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         """Waits between retries; the job sets one that stops when it is fenced or shut down."""
 
-    def _argv(self, events: list[Event]) -> list[Any]:
+    def _argv(self, events: list[Event], mode: LiveMode) -> list[Any]:
         terminal = events[-1] if is_terminal(events[-1]) else None
         if any(is_terminal(e) for e in events[:-1]):
             raise InternalError("a terminal event must be the last of its batch")
@@ -245,7 +278,7 @@ class StreamWriter:
         else:
             head += ["", ""]
         return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events),
-                secrets.token_hex(8)]
+                secrets.token_hex(8), mode]
 
     async def append(self, events: list[Event]) -> int:
         """Store ``events`` (one batch, seq order, consecutive) with one script call.
@@ -273,7 +306,7 @@ class StreamWriter:
         """
         if not events:
             return self.last_seq
-        keys, sid, argv = self._appender.keys, self.stream_id, self._argv(events)
+        keys, sid, argv = self._appender.keys, self.stream_id, self._argv(events, await self._appender.live())
 
         async def call() -> tuple[str, str]:
             reply = await self._appender.script(
@@ -325,7 +358,8 @@ class StreamWriter:
             FencedError, StreamClosedError: Another owner, or already ended.
             redis.exceptions.RedisError: Redis unreachable past the retry window.
         """
-        salvage, sid, argv = self._appender.salvage, self.stream_id, [*self._argv(events), "jump" if jump else ""]
+        mode = await self._appender.live()
+        salvage, sid, argv = self._appender.salvage, self.stream_id, [*self._argv(events, mode), "jump" if jump else ""]
         code, detail = await self._salvage_call(lambda: salvage.terminal(sid, argv, self._appender.script))
         if code is not None:
             self._accept(events, code, detail)
@@ -335,7 +369,7 @@ class StreamWriter:
         assert isinstance(terminal, StreamError)
         code, detail = await self._salvage_call(lambda: salvage.mark(
             sid, token=self.token, status=terminal.status, ended_ms=terminal.ts, category=terminal.error.category,
-            message=terminal.error.message))
+            message=terminal.error.message, mode=mode))
         if code is None:
             return "none"
         if code != "ok":

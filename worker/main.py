@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     telemetry = Telemetry.from_env(os.environ)
     try:
         asyncio.run(serve(settings, telemetry))
+    except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on Redis 6.2)
+        sys.stderr.write(f"fanout worker: {exc}\n")
+        return EXIT_USAGE
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise redis_unreachable(settings.redis_url, exc, source=source) from exc
     except (*REDIS_ERRORS, ValueError) as exc:

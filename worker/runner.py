@@ -94,7 +94,7 @@ class Worker:
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
                             wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,
-                            live_max_bytes=settings.live_max_bytes)
+                            live_max_bytes=settings.live_max_bytes, live_pubsub=settings.live_pubsub)
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
@@ -112,13 +112,16 @@ class Worker:
 
         Raises:
             redis.exceptions.RedisError: Redis unreachable when creating the group.
+            schema.settings.SettingsError: ``FANOUT_LIVE_PUBSUB=sharded`` where Redis cannot do it.
         """
         await self.intake.ensure_groups()
+        mode = await self.ctx.appender.live()  # decided once, as the publishers decide it
         listener = asyncio.create_task(self.cancels.run())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cancels.ready.wait(), timeout=5.0)
         self.ready.set()
-        log.info("event=worker_start consumer=%s concurrency=%d", self.consumer, self.settings.concurrency)
+        log.info("event=worker_start consumer=%s concurrency=%d live_pubsub=%s", self.consumer,
+                 self.settings.concurrency, mode)
         try:
             await self._intake_loop(stop)
             await self._drain()

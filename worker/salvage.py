@@ -18,14 +18,15 @@ append), each fenced by the caller's token:
    again; ``WRONGTYPE`` on the events key), :data:`MARK_LUA` ends the stream without an
    event: meta ``state=done``, ``status``, ``ended_ms``, ``error_category``,
    ``error_message``, the TTLs, and the tombstone ``{last_seq, status}``, then ``PUBLISH``
-   the unchanged ``last_seq``. Readers then see what an ended stream shows: the status
-   route reports ``done`` with that status, and an SSE request at or past the last
+   (``SPUBLISH`` in sharded live mode, as the append) the unchanged ``last_seq``. Readers
+   then see what an ended stream shows: the status route reports ``done`` with that
+   status, and an SSE request at or past the last
    stored event gets 204 (``publisher.events``), so no reader waits forever.
 
 The caller acks the job after either step, and also when neither could store anything
 (meta itself unusable): a job that can never be stored must not loop through reclaims.
 
-Redis pages followed: EVAL (script flags), XADD, HSET, EXPIRE, PUBLISH.
+Redis pages followed: EVAL (script flags), XADD, HSET, EXPIRE, PUBLISH, SPUBLISH.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ if meta[4] == ARGV[9 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
-local jump = ARGV[10 + n] == 'jump' and first > last + 1
+local jump = ARGV[11 + n] == 'jump' and first > last + 1
 if last + 1 ~= first and not jump then return {'seq', tostring(last)} end
 if jump then redis.call('HSET', KEYS[2], 'lost_from', last + 1, 'lost_to', first - 1) end
 for i = 1, n do
@@ -59,11 +60,16 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', ARGV[3])
 redis.call('EXPIRE', KEYS[3], ARGV[6])
-redis.call('PUBLISH', KEYS[4], new_last)
+if ARGV[10 + n] == 'sharded' then
+  redis.call('SPUBLISH', KEYS[4], new_last)
+else
+  redis.call('PUBLISH', KEYS[4], new_last)
+end
 return {'ok', tostring(new_last)}
 """
 """The terminal-only append, allowed past ``maxmemory``. KEYS and ARGV as
-:data:`worker.appender.APPEND_LUA` (the status is never empty here), plus ARGV[10 + n]:
+:data:`worker.appender.APPEND_LUA` (the status is never empty here; ARGV[10 + n] is the
+live mode), plus ARGV[11 + n]:
 ``jump`` lets the batch start past ``last_seq + 1`` (never below it) when the writer knows
 that Redis lost its events in between (a failover); meta then records ``lost_from`` and
 ``lost_to``, and readers get a ``stream.gap`` or a 410 for that range, never a silent hole."""
@@ -79,11 +85,16 @@ redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('HSET', KEYS[3], 'last_seq', last, 'status', ARGV[2])
 redis.call('EXPIRE', KEYS[3], ARGV[7])
-redis.call('PUBLISH', KEYS[4], last)
+if ARGV[8] == 'sharded' then
+  redis.call('SPUBLISH', KEYS[4], last)
+else
+  redis.call('PUBLISH', KEYS[4], last)
+end
 return {'ok', last}
 """
 """End a stream without an event. KEYS = events, meta, tomb, live; ARGV = token, status,
-ended_ms, error category, error message, stream_ttl_s, tombstone_ttl_s."""
+ended_ms, error category, error message, stream_ttl_s, tombstone_ttl_s, live mode
+(``sharded``: ``SPUBLISH``, else ``PUBLISH``)."""
 
 
 def _text(part: Any) -> str:
@@ -129,12 +140,14 @@ class Salvage:
         return _text(reply[0]), _text(reply[1])
 
     async def mark(self, stream_id: str, *, token: int, status: str, ended_ms: int, category: str,
-                   message: str) -> tuple[str, str]:
+                   message: str, mode: str = "classic") -> tuple[str, str]:
         """Run :data:`MARK_LUA`; return (``ok``/``fenced``/``closed``, last_seq or token).
+
+        ``mode``: the live mode (:func:`worker.redis_client.live_mode`) of its notification.
 
         Raises:
             redis.exceptions.RedisError: Redis failed or refused (e.g. meta holds another type).
         """
-        argv = [str(token), status, str(ended_ms), category, message, *self.ttls]
+        argv = [str(token), status, str(ended_ms), category, message, *self.ttls, mode]
         reply = await self._mark(keys=self._keys(stream_id), args=argv)
         return _text(reply[0]), _text(reply[1])

@@ -30,6 +30,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""
     redis_cluster: bool = False
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster (:mod:`worker.redis_client`)."""
+    live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
+    """``FANOUT_LIVE_PUBSUB``: how the append script notifies live channels; ``auto`` is
+    ``SPUBLISH`` on a Redis 7 cluster, ``PUBLISH`` elsewhere (:func:`worker.redis_client.live_mode`);
+    publishers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: jobs streams ``P:jobs:{0..n-1}``; the worker serves at least
     these and every shard count a publisher recorded (:mod:`worker.shards`)."""

@@ -1,7 +1,8 @@
 """Helpers for publisher tests: contract events, a stream writer acting as a worker, an SSE reader.
 
 Events are written like the bug cases do: ``XADD <events> 0-<seq> e <json>``, ``HSET``
-meta, ``PUBLISH`` the seq on the live channel.
+meta, ``PUBLISH`` the seq on the live channel (``SPUBLISH`` where the deployment's live
+mode is sharded, as the worker's script would: :func:`worker.redis_client.live_mode`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from schema.contract import (
     terminal_status,
 )
 from schema.keys import Keys
+from worker.redis_client import LiveMode, live_mode, publish_live
 
 API_KEY = "test-api-key-0123456789"
 SECRET = "test-secret-" + "x" * 40
@@ -109,6 +111,7 @@ class StreamWriter:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, sid: str) -> None:
         self.redis, self.keys, self.sid = redis, keys, sid
+        self.mode: LiveMode | None = None
 
     async def meta(self, **fields: Any) -> None:
         base = {"state": "running", "provider": "openai_chat", "model": "m", "created_ms": now_ms(), "last_seq": 0}
@@ -133,7 +136,8 @@ class StreamWriter:
         """Publish one live notification: seq-only, or carrying ``events`` (ending at ``last_seq``)."""
         payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30) if events
                    else str(last_seq).encode())
-        await self.redis.publish(self.keys.live(self.sid), payload)
+        self.mode = self.mode or await live_mode(self.redis)
+        await publish_live(self.redis, self.mode, self.keys.live(self.sid), payload)
 
     async def expire(self, last_seq: int, status: str = "completed") -> None:
         """Leave only the tombstone, as after the events' TTL."""

@@ -39,7 +39,7 @@ from worker.appender import (
     summary_fields,
 )
 from worker.lease import Leases
-from worker.redis_client import RedisClient
+from worker.redis_client import RedisClient, live_mode
 
 pytestmark = pytest.mark.topologies
 
@@ -158,15 +158,20 @@ async def test_batch_is_one_script_call_in_order(quiet_client: aioredis.Redis, k
 
 async def _published(redis_client: aioredis.Redis, keys: Keys, writer: StreamWriter,
                      batches: list[list[Event]]) -> list[bytes]:
+    """The notifications of ``batches``, heard as a publisher would: SSUBSCRIBE in sharded mode, else SUBSCRIBE."""
+    sharded = await live_mode(redis_client) == "sharded"
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe(keys.live(SID))
+    await (pubsub.ssubscribe if sharded else pubsub.subscribe)(keys.live(SID))
     try:
         for batch in batches:
             await writer.append(batch)
         got = []
         deadline = time.monotonic() + 10
         while len(got) < len(batches) and time.monotonic() < deadline:
-            message = await pubsub.get_message(timeout=1.0)  # None for the subscribe confirmation
+            if sharded:
+                message = await pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=1.0)
+            else:
+                message = await pubsub.get_message(timeout=1.0)  # None for the subscribe confirmation
             if message is not None:
                 got.append(message["data"])
         return got
