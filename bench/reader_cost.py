@@ -5,7 +5,10 @@ readers of ``--streams`` streams from a child process (plain sockets, so the cli
 memory is not counted), waits until every reader is live, and prints the RSS growth per
 reader and the top allocation sites (``tracemalloc`` snapshot difference) per reader.
 
-    .venv/bin/python bench/reader_cost.py --redis-port P [--readers 2000] [--uvloop]
+    .venv/bin/python bench/reader_cost.py --redis-port P [--readers 2000] [--uvloop] [--no-trace]
+
+``--no-trace`` leaves ``tracemalloc`` off and prints only the RSS growth: tracemalloc's
+own bookkeeping inflates RSS, so the RSS figure to quote is the one without it.
 """
 
 from __future__ import annotations
@@ -64,8 +67,11 @@ async def main(a: argparse.Namespace) -> None:
     host, port = runner.addresses[0][:2]
     me = psutil.Process()
     gc.collect()
-    tracemalloc.start(1)
-    before_snap, before_rss = tracemalloc.take_snapshot(), me.memory_info().rss
+    if a.trace:
+        tracemalloc.start(1)
+    before_snap = tracemalloc.take_snapshot() if a.trace else None
+    before_rss = me.memory_info().rss
+    tasks_before = len(asyncio.all_tasks())
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, host, str(port), str(a.readers),
                                                 str(a.streams), "cost-key", stdin=subprocess.PIPE,
                                                 stdout=subprocess.PIPE)
@@ -77,22 +83,13 @@ async def main(a: argparse.Namespace) -> None:
         await asyncio.sleep(0.1)
     live = sum(len(t.live) for t in hub._topics.values())
     gc.collect()
-    after_snap, after_rss = tracemalloc.take_snapshot(), me.memory_info().rss
-    print(f"readers live: {live}/{a.readers}; loop: {type(asyncio.get_running_loop()).__module__}")
-    print(f"RSS growth per reader: {(after_rss - before_rss) / max(1, live) / 1024:.1f} KB (with tracemalloc on)")
-    by_file = after_snap.compare_to(before_snap, "filename")
-    print("per reader, by file:")
-    for stat in by_file[:12]:
-        name = stat.traceback[0].filename.removeprefix(sys.prefix + "/")
-        print(f"  {stat.size_diff / max(1, live):8.0f} B  {name}")
-    stats = after_snap.compare_to(before_snap, "lineno")
-    total = sum(s.size_diff for s in stats)
-    print(f"Python allocations per reader: {total / max(1, live) / 1024:.2f} KB; top sites:")
-    for stat in stats[: a.top]:
-        frame = stat.traceback[0]
-        name = frame.filename.removeprefix(sys.prefix + "/")
-        per = stat.size_diff / max(1, live)
-        print(f"  {per:8.0f} B  {stat.count_diff / max(1, live):5.1f} objs  {name}:{frame.lineno}")
+    after_rss = me.memory_info().rss
+    print(f"readers live: {live}/{a.readers}; loop: {type(asyncio.get_running_loop()).__module__}; "
+          f"tasks per reader: {(len(asyncio.all_tasks()) - tasks_before) / max(1, live):.2f}")
+    print(f"RSS growth per reader: {(after_rss - before_rss) / max(1, live) / 1024:.1f} KB "
+          f"({'with' if a.trace else 'without'} tracemalloc)")
+    if before_snap is not None:
+        _print_sites(before_snap, tracemalloc.take_snapshot(), live, a.top)
     assert proc.stdin is not None
     proc.stdin.close()
     await proc.wait()
@@ -102,6 +99,23 @@ async def main(a: argparse.Namespace) -> None:
     await client.aclose()
 
 
+def _print_sites(before_snap: tracemalloc.Snapshot, after_snap: tracemalloc.Snapshot, live: int, top: int) -> None:
+    """Print the allocation growth per reader, by file and by line (``top`` lines)."""
+    by_file = after_snap.compare_to(before_snap, "filename")
+    print("per reader, by file:")
+    for stat in by_file[:12]:
+        name = stat.traceback[0].filename.removeprefix(sys.prefix + "/")
+        print(f"  {stat.size_diff / max(1, live):8.0f} B  {name}")
+    stats = after_snap.compare_to(before_snap, "lineno")
+    total = sum(s.size_diff for s in stats)
+    print(f"Python allocations per reader: {total / max(1, live) / 1024:.2f} KB; top sites:")
+    for stat in stats[:top]:
+        frame = stat.traceback[0]
+        name = frame.filename.removeprefix(sys.prefix + "/")
+        per = stat.size_diff / max(1, live)
+        print(f"  {per:8.0f} B  {stat.count_diff / max(1, live):5.1f} objs  {name}:{frame.lineno}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--redis-port", type=int, required=True)
@@ -109,6 +123,7 @@ if __name__ == "__main__":
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--uvloop", action="store_true")
+    ap.add_argument("--no-trace", dest="trace", action="store_false", help="RSS only (no tracemalloc)")
     args = ap.parse_args()
     if args.uvloop:
         import uvloop

@@ -28,7 +28,7 @@ from publisher.accesslog import MaskedAccessLogger
 from publisher.edge import install_log_filter
 from publisher.hub import Hub
 from publisher.limits import ConnectionGate
-from publisher.middleware import add_cors_headers, cors_middleware, problem_middleware, telemetry_middleware
+from publisher.middleware import add_cors_headers, edge_middleware
 from publisher.routes import setup_routes
 from publisher.settings import PublisherSettings, resolve_secrets
 from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
@@ -70,7 +70,7 @@ def create_app(
     """
     settings = resolve_secrets(settings)
     app = web.Application(
-        middlewares=[telemetry_middleware, cors_middleware, problem_middleware],
+        middlewares=[edge_middleware],
         client_max_size=settings.max_body_bytes,
         handler_args={"keepalive_timeout": settings.header_timeout_s},
     )

@@ -1,9 +1,16 @@
-"""Request middleware: one server span per request, problem documents for every error, CORS.
+"""Request middleware: one server span per request, CORS preflights, problem documents for every error.
 
-Order (outermost first): :func:`telemetry_middleware`, :func:`cors_middleware` (answers
-preflights), :func:`problem_middleware`. CORS headers of ordinary and streaming
-responses are added by :func:`add_cors_headers` on ``on_response_prepare``, the one
-place every response passes before its headers are sent.
+:func:`edge_middleware` is the app's only middleware. It does, outermost first, what
+three middlewares did: the request's SERVER span (sees the final status, problem
+documents included), the answer to a CORS preflight, and problem documents. One
+coroutine instead of three keeps one frame (and one aiohttp wrapper) per request in
+flight. CORS headers of ordinary and streaming responses are added by
+:func:`add_cors_headers` on ``on_response_prepare``, the one place every response passes
+before its headers are sent.
+
+The span covers the handler: for an SSE response, whose body aiohttp writes after the
+handler returned (:class:`publisher.events.EventStream`), that is the handshake up to the
+response headers; the body is not in the span.
 
 Follows RFC 9457 (problem details), the Fetch standard's CORS protocol, and the
 OpenTelemetry HTTP server span conventions.
@@ -16,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from opentelemetry import propagate
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from publisher.problems import FieldError, ProblemError, from_http_exception
@@ -41,61 +48,77 @@ def route_of(request: web.Request) -> str | None:
 
 
 @web.middleware
-async def telemetry_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Wrap the request in a SERVER span named ``<method> <route>`` (no query string)."""
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Serve one request inside its SERVER span; answer preflights; turn errors into problem documents.
+
+    The span is named ``<method> <route>`` (no query string) and made current with
+    ``context.attach`` (no generator context manager). A CORS preflight (``OPTIONS`` +
+    ``Access-Control-Request-Method``) of a known route is answered here
+    (:func:`preflight_response`). Any other request goes to the handler, after
+    :func:`refuse_repeated_headers`; every error raised before a response started is
+    answered as a problem document. An unexpected exception (a bug, or stored state no
+    writer of ours makes) is logged with its traceback and answered ``500``
+    ``internal``, never aiohttp's plain-text page. Handlers that start a response body
+    (SSE) end it themselves on any error, so nothing reaches here after headers were sent.
+    """
     route = route_of(request)
     attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
     if route is not None:
         attributes["http.route"] = route
-    with request.app[TELEMETRY].tracer.start_as_current_span(
+    span = request.app[TELEMETRY].tracer.start_span(
         f"{request.method} {route}" if route else request.method,
         context=propagate.extract(request.headers),
         kind=SpanKind.SERVER,
         attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            response = await handler(request)
-        except asyncio.CancelledError:  # the client left (handler cancellation): not a server error
-            span.set_attribute("fanout.client_disconnected", True)
-            raise
-        except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
+    )
+    token = context.attach(trace.set_span_in_context(span))
+    response: web.StreamResponse
+    try:
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            response = preflight_response(request)
+        else:
+            try:
+                refuse_repeated_headers(request)
+                response = await handler(request)
+            except Exception as exc:
+                response = problem_for(request, exc)
         span.set_attribute("http.response.status_code", response.status)
         if response.status >= 500:
             span.set_status(Status(StatusCode.ERROR))
         return response
+    except asyncio.CancelledError:  # the client left (handler cancellation): not a server error
+        span.set_attribute("fanout.client_disconnected", True)
+        raise
+    except Exception as exc:  # a redirect (HTTPException below 400) passes through
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        context.detach(token)
+        span.end()
 
 
-@web.middleware
-async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer every error raised before a response started as a problem document.
+def problem_for(request: web.Request, exc: Exception) -> web.Response:
+    """Return the problem document answering ``exc``, raised by a handler before its response started.
 
-    An unexpected exception (a bug, or stored state no writer of ours makes) is logged
-    with its traceback and answered ``500`` ``internal``, never aiohttp's plain-text page.
-    Handlers that start a response body (SSE) end it themselves on any error, so
-    nothing reaches here after headers were sent.
+    Call it from the ``except`` block (an unexpected exception is logged with its traceback).
+
+    Raises:
+        web.HTTPException: ``exc`` itself when it is a redirect (status below 400).
     """
-    try:
-        refuse_repeated_headers(request)
-        return await handler(request)
-    except ProblemError as exc:
+    if isinstance(exc, ProblemError):
         return exc.response()
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         return from_http_exception(exc)
-    except (*REDIS_ERRORS, InternalError) as exc:  # the cluster client also raises RedisClusterException
+    if isinstance(exc, (*REDIS_ERRORS, InternalError)):  # the cluster client also raises RedisClusterException
         if isinstance(exc, REDIS_ERRORS):
             request.app[TELEMETRY].redis_error(exc)
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
         return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
-    except Exception:
-        log.exception("%s %s: unexpected error", request.method, request.path)
-        return ProblemError("internal", "internal error; it was logged").response()
+    log.exception("%s %s: unexpected error", request.method, request.path)
+    return ProblemError("internal", "internal error; it was logged").response()
 
 
 SINGLE_HEADERS = ("Authorization", "Last-Event-ID")
@@ -124,11 +147,8 @@ def _allowed_origin(request: web.Request) -> str | None:
     return origin if origin in allowed else None
 
 
-@web.middleware
-async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer CORS preflights (``OPTIONS`` + ``Access-Control-Request-Method``) of known routes."""
-    if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
-        return await handler(request)
+def preflight_response(request: web.Request) -> web.Response:
+    """Answer a CORS preflight: ``204`` (granting methods and headers to an allowed origin), or ``404`` off routes."""
     exc = request.match_info.http_exception
     if exc is not None and exc.status == 404:
         return from_http_exception(exc)
