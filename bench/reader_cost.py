@@ -59,7 +59,7 @@ async def main(a: argparse.Namespace) -> None:
         await client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
         await client.xadd(keys.events(sid), {"e": b'{"type":"stream.start","seq":1,"ts":0}'}, id="0-1")
     settings = PublisherSettings(api_keys=["cost-key"], token_secret="c" * 48, max_connections=a.readers + 10,
-                                 max_sockets=a.readers + 100)
+                                 max_sockets=a.readers + 100, redis_pool_timeout_s=60.0)
     app = create_app(settings, keys=keys, redis_url=url)
     runner = EdgeRunner(app, **RUNNER_KWARGS, access_log=None)
     await runner.setup()

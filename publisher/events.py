@@ -31,6 +31,7 @@ import re
 from typing import Final
 
 from aiohttp import web
+from opentelemetry import trace
 
 from publisher.auth import authorize_read
 from publisher.limits import path_stream_id
@@ -110,7 +111,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     A transient refusal (``FANOUT_MAX_CONNECTIONS`` reached, shutting down, Redis pool
     busy or unreachable, live subscription not confirmed) is never a status that makes
     EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered around
-    ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`).
+    ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`). A 200 event stream is returned
+    prepared (headers sent) and its body written afterwards (:class:`EventStream`).
 
     Raises:
         ProblemError: 400, 401, 403, 404, 410 as tabled (real client errors).
@@ -126,8 +128,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         telemetry.refusal(refusal)
         return await busy_stream(request, refusal)
+    response: web.StreamResponse | None = None
     try:
-        return await _answer(request, stream_id, scope, position)
+        response = await _answer(request, stream_id, scope, position)
+        return response
     except ProblemError as exc:
         if exc.status == 410:
             telemetry.gone.add(1, {"cause": exc.slug})
@@ -138,7 +142,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
         log.warning("stream %s: storage unavailable before the response: %s", stream_id, exc)
         return await busy_stream(request, "redis-unavailable")
     finally:
-        gate.release()
+        if not isinstance(response, EventStream):  # a started event stream gives the slot back when it ends
+            gate.release()
 
 
 async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
@@ -162,49 +167,92 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     if early is not None:
         app[TELEMETRY].no_content.add(1)
         return early
-    reader = Reader(stream_id, position, app[SETTINGS].client_queue, lambda: _overflowed(request))
+    stream = EventStream(request)
+    reader = Reader(stream_id, position, app[SETTINGS].client_queue, stream.drop)
     hub = app[HUB]
     try:
         await hub.join(reader)
         asked = app[STORE].first_page
         first = [await app[STORE].read_after(stream_id, position, asked, share=hub.share_key(reader))]  # handed over
         await check_first_page(request, stream_id, info, position, first[0])
-        return await _stream(request, reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
-    finally:
-        hub.leave(reader)
+        await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
+    except BaseException:
+        hub.leave(reader)  # a started event stream leaves the hub when it ends
+        raise
+    return stream
 
 
-def _overflowed(request: web.Request) -> None:
-    """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
-    request.app[TELEMETRY].overflows.add(1)
-    if request.transport is not None:
-        request.transport.abort()
+class EventStream(web.StreamResponse):
+    """The ``200 text/event-stream`` response of one reader, its body written in :meth:`write_eof`.
 
+    The handler prepares it (:meth:`start`: headers and the session) and returns it;
+    aiohttp then calls ``prepare`` (already done) and ``write_eof``, which runs the
+    :class:`~publisher.session.Session` (replay, live tail, end) to the end of the body.
+    So while a reader is open, the handler's and the middleware's frames are gone and
+    its request span has ended (it covers the handshake up to the headers, with
+    ``fanout.sse.stream`` set). From :meth:`start` on, this response owns the reader's
+    place in the hub and its ``FANOUT_MAX_CONNECTIONS`` slot, and gives both back when
+    the body ends, however it ends (client gone, cancelled, error).
 
-async def _stream(request: web.Request, reader: Reader, projection: Projection,
-                  first: list[Page], *, asked: int, known_top: int) -> web.StreamResponse:
-    app = request.app
-    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    if request.version >= (1, 1):
-        response.enable_chunked_encoding()
-    await response.prepare(request)
-    app[TELEMETRY].open_connections.add(1)
-    settings = app[SETTINGS]
-    session = Session(response=response, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
-                      telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
-                      write_timeout_s=settings.write_timeout_s, on_stall=lambda: _overflowed(request),
-                      transport=request.transport, chunked=response.chunked)
-    try:
-        await response.write(retry_frame(app[SETTINGS].sse_retry_ms))
-        await session.run(first, asked)
-        await response.write_eof()
-    except ConnectionError:
-        pass  # the client left, or its connection was dropped on overflow or a stalled write
-    except REDIS_ERRORS as exc:  # headers are sent: end the body, the client resumes
-        app[TELEMETRY].redis_error(exc)
-        log.warning("stream %s: storage error mid-response: %s", reader.stream_id, exc)
-    except Exception:  # headers are sent: no problem document is possible any more
-        log.exception("stream %s: unexpected error mid-response", reader.stream_id)
-    finally:
-        app[TELEMETRY].open_connections.add(-1)
-    return response
+    Args:
+        request: The SSE request.
+    """
+
+    def __init__(self, request: web.Request) -> None:
+        super().__init__(status=200, headers=SSE_HEADERS)
+        self._request = request
+        self._session: Session | None = None
+        self._first: list[Page] = []
+        self._asked = 0
+
+    def drop(self) -> None:
+        """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
+        self._request.app[TELEMETRY].overflows.add(1)
+        if self._request.transport is not None:
+            self._request.transport.abort()
+
+    async def start(self, reader: Reader, projection: Projection, first: list[Page], *, asked: int,
+                    known_top: int) -> None:
+        """Send the headers and set up the session; the body follows in :meth:`write_eof`.
+
+        Args:
+            reader: The reader, joined to the hub, cursor at the client's position.
+            projection: What the reader may see.
+            first: ``[page]``: the first history page, checked to start at the cursor + 1.
+            asked: The ``COUNT`` that page was read with: a shorter page reached the top.
+            known_top: The stored top seq read before the first page.
+        """
+        request, app = self._request, self._request.app
+        if request.version >= (1, 1):
+            self.enable_chunked_encoding()
+        await self.prepare(request)
+        trace.get_current_span().set_attribute("fanout.sse.stream", True)
+        app[TELEMETRY].open_connections.add(1)
+        settings = app[SETTINGS]
+        self._first, self._asked = first, asked
+        self._session = Session(response=self, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
+                                telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
+                                write_timeout_s=settings.write_timeout_s, on_stall=self.drop,
+                                transport=request.transport, chunked=self.chunked)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        """Write the body (the whole stream), then end it; give back the hub place and the slot."""
+        session, self._session = self._session, None
+        if session is not None:
+            app = self._request.app
+            try:
+                await self.write(retry_frame(app[SETTINGS].sse_retry_ms))
+                await session.run(self._first, self._asked)
+                await super().write_eof(data)
+            except ConnectionError:
+                pass  # the client left, or its connection was dropped on overflow or a stalled write
+            except REDIS_ERRORS as exc:  # headers are sent: end the body, the client resumes
+                app[TELEMETRY].redis_error(exc)
+                log.warning("stream %s: storage error mid-response: %s", session.reader.stream_id, exc)
+            except Exception:  # headers are sent: no problem document is possible any more
+                log.exception("stream %s: unexpected error mid-response", session.reader.stream_id)
+            finally:
+                app[TELEMETRY].open_connections.add(-1)
+                app[HUB].leave(session.reader)
+                app[GATE].release()
+        await super().write_eof(data)  # done already, or raises ConnectionError when the client is gone

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -15,7 +17,7 @@ from opentelemetry.trace import SpanKind
 
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.stack import free_port
-from publisher.state import HUB
+from publisher.state import GATE, HUB
 from publisher.telemetry import providers_from_env
 from schema.job import job_decoder
 from schema.keys import JOB_FIELD
@@ -90,6 +92,52 @@ async def test_server_span_per_request_without_query_or_token(ctx, otel):
     for span in spans:
         assert all(token not in str(value) for value in span.attributes.values())
         assert "url.query" not in span.attributes
+
+
+def _awaiting(coro) -> list[str]:
+    """Qualified names of the coroutine frames a task is suspended in, outermost first."""
+    names = []
+    while coro is not None and hasattr(coro, "cr_code"):
+        names.append(f"{Path(coro.cr_code.co_filename).name}:{coro.cr_code.co_qualname}")
+        coro = coro.cr_await
+    return names
+
+
+async def test_idle_live_reader_holds_no_span_no_handler_frames_and_no_task_of_ours(ctx, otel):
+    exporter, _, providers = otel
+    server = await ctx.start_app(**providers)
+    hub, gate = server.app[HUB], server.app[GATE]
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    publisher_dir = str(Path(create_app.__code__.co_filename).parent)
+
+    def ours() -> set[asyncio.Task]:
+        return {t for t in asyncio.all_tasks() if publisher_dir in t.get_coro().cr_code.co_filename}
+
+    url = server.url(f"/v1/streams/{ctx.sid}/events")
+    responses = []
+    try:
+        for count in (1, 2):
+            responses.append(resp := await ctx.http.get(url, headers=bearer(API_KEY)))
+            assert (await SSEClient(resp).next_event())["id"] == "1"
+            await eventually(lambda count=count: hub.reader_count(ctx.sid) == count)
+            if count == 1:
+                tasks_of_one = ours()  # the hub's own, shared by every reader
+        assert ours() == tasks_of_one
+        spans = [s for s in exporter.get_finished_spans() if s.name == "GET /v1/streams/{stream_id}/events"]
+        assert len(spans) == 2  # ended at the headers, both readers still open
+        for span in spans:
+            assert span.attributes["http.response.status_code"] == 200
+            assert span.attributes["fanout.sse.stream"] is True
+        chains = [c for c in (_awaiting(t.get_coro()) for t in asyncio.all_tasks())
+                  if any("EventStream.write_eof" in name for name in c)]
+        assert len(chains) == 2
+        for chain in chains:
+            assert not [n for n in chain if "middleware.py" in n or "stream_events" in n or "_answer" in n]
+        assert gate.open == 2
+    finally:
+        for resp in responses:
+            resp.close()
+    await eventually(lambda: hub.reader_count(ctx.sid) == 0 and gate.open == 0)
 
 
 async def test_metrics_connections_deliveries_latency_and_resumes(ctx, otel):
