@@ -160,6 +160,19 @@ class Reader:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
+    def waiter(self) -> asyncio.Future[None] | None:
+        """Return the future to await for the next entry, or ``None`` when one is queued or the reader is closed.
+
+        The future completes when an entry is queued, the reader is closed or poked, as
+        :meth:`wait` without a timeout; awaiting it directly keeps no coroutine frame of
+        the reader's while idle. Then :meth:`take_queued` takes what came.
+        """
+        if self._queue or self.closed is not None:
+            return None
+        if self._wake is None or self._wake.done():
+            self._wake = asyncio.get_running_loop().create_future()
+        return self._wake
+
     async def wait(self, timeout_s: float | None = None) -> None:
         """Wait until an entry is queued, the reader is closed or poked, or ``timeout_s`` passes.
 

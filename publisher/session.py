@@ -107,13 +107,38 @@ class Session:
     async def run(self, first: list[Page], asked: int) -> None:
         """Serve the stream from the first page on.
 
+        Once live, this one frame sends queued entries (heartbeats come from the hub's
+        shared timer, :meth:`beat`); while idle it waits on the reader's future
+        (:meth:`Reader.waiter`): no timer and no further frame of its own.
+
         Args:
             first: ``[page]``: the first history page, taken out of the list (so no
                 frame keeps it); checked to start at cursor + 1.
             asked: The ``COUNT`` that page was read with: a shorter page reached the top.
         """
-        if not await self._replay(first.pop(), asked):
-            await self._live()
+        if await self._replay(first.pop(), asked):
+            return
+        reader = self.reader
+        reader.sink, reader.beat = self.deliver, self.beat
+        try:
+            while True:
+                wake = reader.waiter()
+                if wake is not None:
+                    await wake
+                entries = reader.take_queued()
+                if entries:
+                    if await self._send(entries, "live"):
+                        return
+                elif reader.closed == "gap":
+                    after, found = reader.gap or (reader.cursor, None)
+                    await self._gap(after, found)
+                    return
+                elif reader.closed is not None:
+                    return
+                elif time.monotonic() - self.last_write >= self.heartbeat_s:  # poked: the socket was busy
+                    await self._write(PING)
+        finally:
+            reader.sink = reader.beat = None
 
     async def _replay(self, page: list[Entry], asked: int) -> bool:
         """Send history until the reader is live; return True when the response must end.
@@ -169,29 +194,6 @@ class Session:
                 return page[:position], entry.seq
             self.reader.cursor = entry.seq
         return page, None
-
-    async def _live(self) -> None:
-        """Send queued entries; heartbeats come from the hub's shared timer (:meth:`beat`).
-
-        While idle this task waits on one future: no timer of its own.
-        """
-        self.reader.sink, self.reader.beat = self.deliver, self.beat
-        try:
-            while True:
-                entry = await self.reader.next()
-                if entry is not None:
-                    if await self._send([entry, *self.reader.take_queued()], "live"):
-                        return
-                elif self.reader.closed == "gap":
-                    after, found = self.reader.gap or (self.reader.cursor, None)
-                    await self._gap(after, found)
-                    return
-                elif self.reader.closed is not None:
-                    return
-                elif time.monotonic() - self.last_write >= self.heartbeat_s:  # poked: the socket was busy
-                    await self._write(PING)
-        finally:
-            self.reader.sink = self.reader.beat = None
 
     def beat(self, now_s: float) -> None:
         """Send ``: ping`` when nothing was written for ``heartbeat_s``: directly, or by waking this task.
