@@ -2,8 +2,7 @@
 
 Runs the publisher in this process (``EdgeRunner``), connects ``--readers`` idle SSE
 readers of ``--streams`` streams from a child process (plain sockets, so the clients'
-memory is not counted), waits until every reader is live and its connection's header-read
-timer has fired (the state of a reader idle for longer than that), and prints the RSS growth per
+memory is not counted), waits until every reader is live, and prints the RSS growth per
 reader and the top allocation sites (``tracemalloc`` snapshot difference) per reader.
 
     .venv/bin/python bench/reader_cost.py --redis-port P [--readers 2000] [--uvloop] [--no-trace]
@@ -35,10 +34,6 @@ from publisher.settings import PublisherSettings
 from publisher.state import HUB
 from schema.keys import Keys
 
-HEADER_TIMEOUT_S = 2.0
-"""``FANOUT_HEADER_TIMEOUT_S`` here: aiohttp holds one timer per connection until it fires, so
-the figures are taken once it has (a reader idle for longer than that)."""
-
 CLIENT = r"""
 import socket, sys, time
 host, port, n, streams, token = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -64,8 +59,7 @@ async def main(a: argparse.Namespace) -> None:
         await client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
         await client.xadd(keys.events(sid), {"e": b'{"type":"stream.start","seq":1,"ts":0}'}, id="0-1")
     settings = PublisherSettings(api_keys=["cost-key"], token_secret="c" * 48, max_connections=a.readers + 10,
-                                 max_sockets=a.readers + 100, redis_pool_timeout_s=60.0,
-                                 header_timeout_s=HEADER_TIMEOUT_S)
+                                 max_sockets=a.readers + 100, redis_pool_timeout_s=60.0)
     app = create_app(settings, keys=keys, redis_url=url)
     runner = EdgeRunner(app, **RUNNER_KWARGS, access_log=None)
     await runner.setup()
@@ -88,7 +82,6 @@ async def main(a: argparse.Namespace) -> None:
     while sum(len(t.live) for t in hub._topics.values()) < a.readers and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.1)
     live = sum(len(t.live) for t in hub._topics.values())
-    await asyncio.sleep(HEADER_TIMEOUT_S + 0.5)  # every connection's header-read timer has fired: the idle state
     gc.collect()
     after_rss = me.memory_info().rss
     print(f"readers live: {live}/{a.readers}; loop: {type(asyncio.get_running_loop()).__module__}; "

@@ -31,6 +31,7 @@ import re
 from typing import Final
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from opentelemetry import trace
 
 from publisher.auth import authorize_read
@@ -198,6 +199,8 @@ class EventStream(web.StreamResponse):
         request: The SSE request.
     """
 
+    __slots__ = ("_first", "_request", "_session")  # beside aiohttp's __dict__: these do not grow it
+
     def __init__(self, request: web.Request) -> None:
         super().__init__(status=200, headers=SSE_HEADERS)
         self._request = request
@@ -226,6 +229,11 @@ class EventStream(web.StreamResponse):
         if request.version >= (1, 1):
             self.enable_chunked_encoding()
         await self.prepare(request)
+        if isinstance(request.protocol, RequestHandler):
+            # Cancels the connection's header-read timer (FANOUT_HEADER_TIMEOUT_S) now rather than
+            # when it fires, a no-op then (it closes only a connection waiting for a request); the
+            # keep-alive flag is True while a request is served, and aiohttp resets it afterwards.
+            request.protocol.keep_alive(True)
         trace.get_current_span().set_attribute("fanout.sse.stream", True)
         app[TELEMETRY].open_connections.add(1)
         settings = app[SETTINGS]
