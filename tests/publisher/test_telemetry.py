@@ -111,7 +111,8 @@ async def test_idle_live_reader_holds_no_span_no_handler_frames_and_no_task_of_o
     publisher_dir = str(Path(create_app.__code__.co_filename).parent)
 
     def ours() -> set[asyncio.Task]:
-        return {t for t in asyncio.all_tasks() if publisher_dir in t.get_coro().cr_code.co_filename}
+        return {t for t in asyncio.all_tasks()
+                if publisher_dir in getattr(getattr(t.get_coro(), "cr_code", None), "co_filename", "")}
 
     url = server.url(f"/v1/streams/{ctx.sid}/events")
     responses = []
