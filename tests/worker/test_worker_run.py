@@ -186,6 +186,6 @@ def test_worker_command_rejects_bad_configuration(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("FANOUT_IDLE_TIMEOUT_S", "-1")
     args = build_parser(["worker"]).parse_args(["worker", "--concurrency", "2"])
     assert worker_main.run(args) == 2
-    assert "idle_timeout_s" in capsys.readouterr().err
+    assert "FANOUT_IDLE_TIMEOUT_S='-1'" in capsys.readouterr().err
     with pytest.raises(SettingsError):
         load_worker_settings({"FANOUT_CONCURRENCY": "none"})
