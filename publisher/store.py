@@ -142,10 +142,10 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
     """
     if raw is None:
         return _invalid(seq)
-    data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
     try:
+        data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
         peek = _peek.decode(data)
-    except msgspec.DecodeError:
+    except msgspec.DecodeError:  # not JSON (one_line re-encodes only JSON), or not an event object
         return _invalid(seq)
     kind = peek.type
     name = _TYPE_NAMES.get(kind)
