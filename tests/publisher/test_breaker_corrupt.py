@@ -16,6 +16,7 @@ from tests.publisher.helpers import (
     done,
     ids,
     start,
+    token_for,
 )
 
 BROKEN = {
@@ -70,4 +71,21 @@ async def test_a_broken_event_carried_live_does_not_drop_the_subscription(ctx):
         await writer.notify(2, [b"garbage\r"])  # carried live: parsed in the pub/sub dispatch
         await writer.append(block_start(ctx.sid, 3, 0), done(ctx.sid, 4), full=True)
         assert ids(await client.events()) == [3, 4]
-    assert encode_event(done(ctx.sid, 4))  # the helpers' events are ordinary ones
+
+
+@pytest.mark.parametrize("scope", ["internal", "public"])
+async def test_a_live_batch_with_entries_after_its_terminal_ends_at_the_terminal(ctx, scope):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0))
+    credential = API_KEY if scope == "internal" else token_for(ctx.sid)
+    async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(credential)) as resp:
+        client = SSEClient(resp)
+        assert ids([await client.next_event(), await client.next_event()]) == [1, 2]
+        batch = [delta(ctx.sid, 3, 0), done(ctx.sid, 4), delta(ctx.sid, 5, 0), delta(ctx.sid, 6, 0)]
+        for event in batch:  # what a foreign writer could store; the fenced append script never does
+            await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": encode_event(event)}, id=f"0-{event.seq}")
+        await ctx.redis.hset(ctx.keys.meta(ctx.sid), mapping={"last_seq": 6, "state": "done"})
+        await writer.notify(6, [encode_event(event) for event in batch])
+        # before the fix: 3, 4, 5, 6 and the response stayed open (replay stops at 4)
+        assert ids(await client.events()) == [3, 4]
