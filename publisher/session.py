@@ -255,7 +255,8 @@ class Session:
         if self.projection.public:
             for entry in entries:
                 if self.projection.needs_history(entry):
-                    history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)]
+                    history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)
+                               if e.type == "block.start"]  # only block starts decide; pages are let go as read
                     self.projection.learn_history(history)
                 if entry.frame and self.projection.visible(entry):
                     sent.append(entry)

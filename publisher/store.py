@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
@@ -45,6 +46,8 @@ class _Peek(msgspec.Struct, gc=False):
 
 
 _peek: Final = msgspec.json.Decoder(_Peek)
+_known_top: ContextVar[tuple[str, int] | None] = ContextVar("fanout_store_known_top", default=None)
+"""Per request task: ``(stream id, last_seq)`` of its last :meth:`Store.info` reply."""
 _TYPE_NAMES: Final = {name: name.encode() for name in EVENT_TYPES}
 """Contract type -> its ``event:`` field bytes (no pattern check needed for these)."""
 
@@ -142,10 +145,10 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
     """
     if raw is None:
         return _invalid(seq)
-    data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
     try:
+        data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
         peek = _peek.decode(data)
-    except msgspec.DecodeError:
+    except msgspec.DecodeError:  # not JSON (one_line re-encodes only JSON), or not an event object
         return _invalid(seq)
     kind = peek.type
     name = _TYPE_NAMES.get(kind)
@@ -294,9 +297,11 @@ class Store:
         meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
         last = parse_entry(*top[0]) if top else None
         top_seq = seq_of(top[0][0]) if top else 0
+        last_seq = max(_int(meta.get("last_seq")), top_seq)
+        _known_top.set((stream_id, last_seq))  # for read_after: a shared read must not show less
         return StreamInfo(
             known=bool(meta) or bool(top),
-            last_seq=max(_int(meta.get("last_seq")), top_seq),
+            last_seq=last_seq,
             terminal=meta.get("state") == "done" or (last is not None and last.terminal),
             meta=meta,
             tomb=tomb,
@@ -321,7 +326,11 @@ class Store:
                 (:meth:`publisher.hub.Hub.share_key`), so only reads made after that
                 subscription was confirmed are shared and no live entry can fall between
                 a shared read and the live tail. Readers replaying the same stream from
-                the same place then hold one copy of its pages, not one each.
+                the same place then hold one copy of its pages, not one each. A
+                joined read that ends below the ``last_seq`` this task's last
+                :meth:`info` saw was answered before that reply (it would look like
+                trimmed history: a false ``410`` or ``stream.gap``), so it is read again,
+                unshared.
         """
         count = count or self.page
         if share is None:
@@ -332,7 +341,13 @@ class Store:
             shared = asyncio.ensure_future(self._read_page(stream_id, after_seq, count))
             self._inflight[key] = shared
             shared.add_done_callback(lambda done: self._landed(key, done))
-        return await asyncio.shield(shared)
+            return await asyncio.shield(shared)  # registered after this task's info(): nothing older
+        page = await asyncio.shield(shared)
+        known = _known_top.get()
+        if len(page) < count and known is not None and known[0] == stream_id \
+                and (page[-1].seq if page else after_seq) < known[1]:
+            return await self._read_page(stream_id, after_seq, count)
+        return page
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))

@@ -133,10 +133,16 @@ class Topic:
             self.fetched = entries[-1].seq
 
     def flush(self) -> None:
-        """Offer the staged entries to every live reader at once (one write each); drop closed readers."""
+        """Offer the staged entries to every live reader at once (one write each); drop closed readers.
+
+        Entries after a terminal one (no worker of ours stores any) are not offered.
+        """
         if not self.staged:
             return
         entries, self.staged = self.staged, []
+        end = next((index for index, entry in enumerate(entries) if entry.terminal), len(entries) - 1)
+        if end < len(entries) - 1:  # nothing after a terminal is served, as in replay (a foreign writer's)
+            entries = entries[:end + 1]
         live = list(self.live)
         shared = Shared(entries)  # encoded once: a reader that keeps up gets these very bytes
         for reader in live:
