@@ -56,8 +56,11 @@ def parse_position(request: web.Request) -> int:
     """Return the last seq the client holds: ``Last-Event-ID``, else ``last_event_id``, else 0.
 
     Raises:
-        ProblemError: ``invalid-position`` (400) for anything but ASCII digits.
+        ProblemError: ``invalid-position`` (400) for anything but ASCII digits, or a
+            ``last_event_id`` parameter given more than once (as a repeated header is).
     """
+    if len(request.query.getall("last_event_id", ())) > 1:
+        raise ProblemError("invalid-position", "the last_event_id parameter is given more than once; give it once")
     raw = request.headers.get("Last-Event-ID", "").strip() or request.query.get("last_event_id", "").strip()
     if not raw:
         return 0

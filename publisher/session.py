@@ -174,8 +174,10 @@ class Session:
                         await self._gap(self.reader.cursor, None)
                         return True
                     stale = not page
+                # after a refused go_live, read afresh: a shared read could predate what live readers got
+                share = self.hub.share_key(self.reader) if full else None
                 page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
-                                                             share=self.hub.share_key(self.reader)))
+                                                             share=share))
             finally:
                 if ahead is not None:
                     ahead.cancel()  # no-op once it is done

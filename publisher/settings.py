@@ -83,7 +83,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     cluster, classic elsewhere (:func:`worker.redis_client.live_mode`); workers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id."""
-    read_page: Positive = 4096
+    read_page: Positive = 2048
     """Most entries per ``XRANGE`` page when replaying or tailing a stream."""
     read_first_page: Positive = 256
     """Entries of a response's first history page (small, so the first byte leaves soon);

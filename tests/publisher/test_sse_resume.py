@@ -82,6 +82,18 @@ async def test_header_position_wins_over_query(ctx):
         assert ids(await SSEClient(resp).events()) == [6, 7]
 
 
+@pytest.mark.parametrize("query", ["?last_event_id=2&last_event_id=3", "?last_event_id=2&last_event_id=2"])
+async def test_a_repeated_last_event_id_parameter_is_400(ctx, query):
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 3))
+    async with await get_events(ctx.http, ctx.server, ctx.sid, {}, query) as resp:
+        assert resp.status == 400
+        problem = await resp.json()
+        assert problem["type"] == "https://fanout.dev/problems/invalid-position"
+        assert "more than once" in problem["detail"]
+    async with await get_events(ctx.http, ctx.server, ctx.sid, {}, "?last_event_id=2") as resp:
+        assert ids(await SSEClient(resp).events()) == [3, 4, 5, 6, 7]  # once is fine
+
+
 @pytest.mark.parametrize("position", ["abc", "-1", "1.5", "+3", "0x10", "\uff11", "9" * 65])
 async def test_position_not_a_non_negative_integer_is_400(ctx, position):
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 1))
