@@ -30,7 +30,7 @@ class Shared:
         entries: Consecutive entries, in seq order, non-empty.
     """
 
-    __slots__ = ("chunk", "entries", "frames", "plain", "sent")
+    __slots__ = ("chunk", "entries", "frames", "plain", "sampled", "sent")
 
     def __init__(self, entries: list[Entry]) -> None:
         self.entries = entries
@@ -42,6 +42,8 @@ class Shared:
         """The same as one HTTP/1.1 chunk (chunked transfer coding)."""
         self.plain = all(entry.block_kind != "reasoning" for entry in entries)
         """No entry is part of a reasoning block: every projection sees every entry."""
+        self.sampled = False
+        """The delivery latency of this batch was recorded (once, by its first write)."""
 
 
 Sink = Callable[[list[Entry], "Shared | None"], bool]

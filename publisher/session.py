@@ -241,7 +241,8 @@ class Session:
                 assert self.transport is not None
                 self.transport.write(shared.chunk if self.chunked else shared.frames)
                 self.last_write = time.monotonic()
-                self.telemetry.record_write(shared.sent, "live")
+                self.telemetry.record_write(shared.sent, "live", sample=not shared.sampled)
+                shared.sampled = True
             return True
         if any(self.projection.needs_history(entry) for entry in entries):
             return False

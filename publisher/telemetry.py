@@ -13,7 +13,7 @@ Follows the OpenTelemetry semantic conventions for HTTP server spans.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, propagate, trace
@@ -56,8 +56,12 @@ class Telemetry:
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
         self.open_connections = meter.create_up_down_counter(
             "fanout.sse.readers", unit="{reader}", description="Open SSE responses")
-        self.delivered = meter.create_counter(
-            "fanout.sse.events.delivered", unit="{event}", description="Events written to SSE responses, by phase")
+        self.delivered: dict[str, int] = dict.fromkeys(PHASES, 0)
+        """Events written to SSE responses, by phase: plain ints on the hot path, read by the
+        meter at each collection (an observable counter), so a delivery costs no SDK call."""
+        meter.create_observable_counter(
+            "fanout.sse.events.delivered", callbacks=[self._observe_delivered], unit="{event}",
+            description="Events written to SSE responses, by phase")
         self.latency = meter.create_histogram(
             "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="From the event's ts (worker emit time) to its write on the SSE response")
@@ -81,8 +85,6 @@ class Telemetry:
         """Export every counter from the start (0), so a rate is 0 rather than missing."""
         for counter in (self.open_connections, self.resumes, self.no_content, self.overflows, self.gaps):
             counter.add(0)
-        for phase in PHASES:
-            self.delivered.add(0, {"phase": phase})
         for cause in GONE_CAUSES:
             self.gone.add(0, {"cause": cause})
         for reason in REFUSALS:
@@ -90,7 +92,11 @@ class Telemetry:
         for kind in REDIS_ERROR_KINDS:
             self.redis_errors.add(0, {"kind": kind})
 
-    def record_write(self, entries: list[Entry], phase: str) -> None:
+    def _observe_delivered(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        """Report :attr:`delivered` to the meter (monotonic totals, one point per phase)."""
+        return [metrics.Observation(count, {"phase": phase}) for phase, count in self.delivered.items()]
+
+    def record_write(self, entries: list[Entry], phase: str, *, sample: bool = True) -> None:
         """Count the events of one write and record the publish-to-delivery latency of its last one.
 
         One latency sample per write, not per event: a live write nearly always holds one
@@ -100,12 +106,13 @@ class Telemetry:
         Args:
             entries: The entries written, in seq order, non-empty.
             phase: ``replay`` (read from history) or ``live``.
+            sample: False counts the events only: a live batch written to many readers
+                at once gives the histogram one sample, from its first write.
         """
-        attributes = {"phase": phase}
-        self.delivered.add(len(entries), attributes)
+        self.delivered[phase] += len(entries)
         ts_ms = entries[-1].ts_ms
-        if ts_ms > 0:
-            self.latency.record(max(0.0, time.time() - ts_ms / 1000), attributes)
+        if sample and ts_ms > 0:
+            self.latency.record(max(0.0, time.time() - ts_ms / 1000), {"phase": phase})
 
     def redis_error(self, exc: BaseException) -> None:
         """Count one Redis error by kind (:func:`worker.otel_setup.redis_error_kind`)."""
