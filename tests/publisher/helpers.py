@@ -8,12 +8,16 @@ mode is sharded, as the worker's script would: :func:`worker.redis_client.live_m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
+from aiohttp import web
 
+from publisher.app import RUNNER_KWARGS, create_app
 from publisher.live import encode_notification
 from publisher.settings import PublisherSettings
 from publisher.tokens import Scope, issue
@@ -222,3 +226,18 @@ async def eventually(check: Any) -> None:
             if value:
                 return
             await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def running_publisher(url: str, keys: Keys, settings: PublisherSettings | None = None, *,
+                            wrap: Callable[[Any], Any] | None = None) -> AsyncIterator[str]:
+    """Run a publisher app on a free loopback port against ``url``; yield its base URL, stop it after."""
+    app = create_app(settings or make_settings(), keys=keys, redis_url=url, wrap_redis=wrap)
+    runner = web.AppRunner(app, **RUNNER_KWARGS)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()

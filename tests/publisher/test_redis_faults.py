@@ -11,17 +11,14 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from publisher.app import RUNNER_KWARGS, create_app
 from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart
 from schema.keys import Keys
-from tests.publisher.helpers import API_KEY, make_settings
+from tests.publisher.helpers import API_KEY, make_settings, running_publisher
 from tests.worker.redis_proc import RedisProcess, private_redis
 from worker.appender import Appender
 from worker.lease import Leases
@@ -30,16 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GUARD_S = 15.0
 
 
-@contextlib.asynccontextmanager
-async def _publisher(redis_url: str, keys: Keys, **settings: object) -> AsyncIterator[str]:
-    runner = web.AppRunner(create_app(make_settings(**settings), keys=keys, redis_url=redis_url), **RUNNER_KWARGS)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+def _publisher(redis_url: str, keys: Keys, **settings: object) -> contextlib.AbstractAsyncContextManager[str]:
+    return running_publisher(redis_url, keys, make_settings(**settings))
 
 
 async def _ready(http: aiohttp.ClientSession, base: str) -> tuple[int, str]:

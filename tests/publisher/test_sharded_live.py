@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -27,7 +27,18 @@ from schema.contract import Event, encode_event
 from schema.keys import Keys
 from schema.settings import SettingsError, load_settings
 from tests.conftest import delete_prefix
-from tests.publisher.helpers import API_KEY, SSEClient, bearer, block_start, delta, done, make_settings, now_ms, start
+from tests.publisher.helpers import (
+    API_KEY,
+    SSEClient,
+    bearer,
+    block_start,
+    delta,
+    done,
+    make_settings,
+    now_ms,
+    running_publisher,
+    start,
+)
 from tests.redis_servers import RedisClusterServers, RedisServer, redis_cluster, redis_node
 from tests.worker.support import stored_events, wait_for
 from worker.appender import Appender, StreamWriter
@@ -42,18 +53,9 @@ QUIET = {"heartbeat_s": 120.0}
 """Publisher settings whose audit (every 60 s) cannot be what delivers an event in these tests."""
 
 
-@contextlib.asynccontextmanager
-async def _publisher(url: str, keys: Keys, *, cluster: bool, wrap: Callable[[Any], Any] | None = None,
-                     **settings: Any) -> AsyncIterator[str]:
-    chosen = make_settings(redis_cluster=cluster, **{**QUIET, **settings})
-    runner = web.AppRunner(create_app(chosen, keys=keys, redis_url=url, wrap_redis=wrap), **RUNNER_KWARGS)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+def _publisher(url: str, keys: Keys, *, cluster: bool, wrap: Callable[[Any], Any] | None = None,
+               **settings: Any) -> contextlib.AbstractAsyncContextManager[str]:
+    return running_publisher(url, keys, make_settings(redis_cluster=cluster, **{**QUIET, **settings}), wrap=wrap)
 
 
 class _CountingReads:

@@ -24,19 +24,16 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from fanout_client import FanoutClient, StreamUnavailableError
-from publisher.app import RUNNER_KWARGS, create_app
 from schema.contract import Event, StreamDone, StreamError
 from schema.keys import Keys
-from tests.publisher.helpers import API_KEY, make_settings
+from tests.publisher.helpers import API_KEY, make_settings, running_publisher
 from tests.redis_servers import RedisClusterServers, redis_cluster
 from tests.worker.support import fake_upstream, meta, running_worker, settings_for, stored_events, strip_volatile
 from worker.redis_client import RedisClient, RedisOptions, connect
@@ -103,17 +100,8 @@ async def _follow_into(view: ReaderView, client: FanoutClient, sid: str, token: 
             await asyncio.sleep(0.3)  # 503 while the cluster fails over: resume from what we hold
 
 
-@contextlib.asynccontextmanager
-async def _publisher(url: str, keys: Keys) -> AsyncIterator[str]:
-    settings = make_settings(redis_cluster=True, heartbeat_s=0.5)
-    runner = web.AppRunner(create_app(settings, keys=keys, redis_url=url), **RUNNER_KWARGS)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+def _publisher(url: str, keys: Keys) -> contextlib.AbstractAsyncContextManager[str]:
+    return running_publisher(url, keys, make_settings(redis_cluster=True, heartbeat_s=0.5))
 
 
 async def _wait(predicate: Any, guard_s: float) -> None:
