@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause before the listener or a pump retries after a Redis error, seconds."""
+FAILURE_LOG_EVERY = 120
+"""While Redis stays unreachable, one warning per this many failed connection attempts
+(once a minute at :data:`RETRY_S`), after the first."""
 HEARTBEAT_TICKS = 4
 """Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
 ``: ping`` between 1 and 1.25 intervals after its last write."""
@@ -254,15 +257,22 @@ class Hub:
 
     async def _link_loop(self) -> None:
         """Keep the subscriber connection open; after each (re)connect, subscribe every topic held."""
+        failures = 0
         while not self._closing:
             try:
                 await self._link.connect()
             except RedisError as exc:
-                log.warning("pub/sub connection failed (%s); retrying in %ss", exc, RETRY_S)
+                failures += 1
+                if failures == 1 or failures % FAILURE_LOG_EVERY == 0:  # one line at first, then now and then
+                    log.warning("pub/sub connection failed (%s, %d attempts so far); retrying every %ss",
+                                exc, failures, RETRY_S)
                 self._fail_barriers(exc)
                 await asyncio.sleep(RETRY_S)
                 await self._repoint()
                 continue
+            if failures:
+                log.warning("pub/sub connection open again after %d failed attempts", failures)
+                failures = 0
             self._lost.clear()
             self._pending.clear()
             held = [(topic.channel, topic) for topic in self._topics.values()]

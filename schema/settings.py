@@ -8,6 +8,7 @@ Pure: takes the mapping, reads nothing itself.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -44,18 +45,23 @@ def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object)
     try:
         return msgspec.convert(raw, cls, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"bad configuration: {_name_variable(str(exc), raw, environ)}") from exc
+        raise SettingsError(f"bad configuration: {_name_variable(cls, str(exc), raw, environ)}") from exc
 
 
-def _name_variable(message: str, raw: Mapping[str, object], environ: Mapping[str, str]) -> str:
+def _name_variable(cls: type[msgspec.Struct], message: str, raw: Mapping[str, object],
+                   environ: Mapping[str, str]) -> str:
     """Rewrite msgspec's ``... - at `$.field``` into the variable that set the field, with its value.
 
-    A field set by a CLI flag (not in ``environ``) is named as the field.
+    A field set by a CLI flag (not in ``environ``) is named as the field; a value outside
+    a fixed set (a ``Literal``) is answered with the accepted values.
     """
     detail, sep, path = message.rpartition(" - at `$.")
     if not sep:
         return f"{message} (variables FANOUT_<FIELD>)"
     field = path.rstrip("`").split("[", 1)[0].split(".", 1)[0]
+    choices = _choices(cls, field)
+    if choices and detail.startswith("Invalid enum value"):
+        detail = f"{detail}; one of {', '.join(choices)}"
     for name in (PREFIX + field.upper(), field.upper()):
         if name in environ:
             return f"{name}={environ[name]!r}: {detail}"
@@ -67,3 +73,17 @@ def _split_list(cls: type[msgspec.Struct], key: str, value: str) -> object:
     if "list" in annotation or "tuple" in annotation:
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _choices(cls: type[msgspec.Struct], field: str) -> list[str]:
+    """Return the accepted values of a ``Literal`` (or optional ``Literal``) field, else ``[]``."""
+    hints = typing.get_type_hints(cls, include_extras=False)
+    found: list[str] = []
+    stack = [hints.get(field)]
+    while stack:
+        hint = stack.pop()
+        if typing.get_origin(hint) is typing.Literal:
+            found += [str(value) for value in typing.get_args(hint)]
+        elif typing.get_args(hint):
+            stack += list(typing.get_args(hint))
+    return found

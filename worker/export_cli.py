@@ -25,6 +25,7 @@ from typing import IO, Any, Final
 
 import msgspec
 
+from schema.cli import CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
@@ -187,6 +188,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
                          "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
         return 2
+    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
+    try:
+        check_redis_url(url, source="--redis-url" if args.redis_url else "REDIS_URL")
+    except CommandError as exc:
+        sys.stderr.write(f"fanout export: {exc}\n")
+        return 2
     if args.format == "parquet" and args.output == "-":
         sys.stderr.write("fanout export: --format parquet needs --output DIRECTORY\n")
         return 2
@@ -199,12 +206,13 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         sys.stderr.write(f"fanout export: cannot open {args.output}: {exc.strerror}\n")
         return 2
-    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
     keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
     try:
         count = asyncio.run(_export(url, keys, sink, args, since_ms))
     except REDIS_ERRORS as exc:
-        sys.stderr.write(f"fanout export: Redis at {url} failed: {exc}; nothing acknowledged is lost, run again\n")
+        reason = str(exc).rstrip(". ")
+        sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "
+                         "nothing acknowledged is lost, run again\n")
         return 1
     except OSError as exc:
         sys.stderr.write(f"fanout export: writing {args.output} failed: {exc.strerror}; run again\n")

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 
+from publisher import hub as hub_module
 from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher
@@ -145,3 +148,13 @@ async def test_readers_of_a_stream_with_lost_events_get_the_suffix_a_gap_or_a_41
         for position in ("2", "3"):
             async with http.get(f"{base}/v1/streams/{sid}/events", headers={"Last-Event-ID": position}) as resp:
                 assert resp.status == 410
+
+
+async def test_an_unreachable_redis_is_logged_once_not_at_every_retry(caplog: pytest.LogCaptureFixture) -> None:
+    keys = Keys(f"down{os.getpid()}")
+    with caplog.at_level(logging.WARNING, logger="publisher.hub"):
+        async with running_publisher("redis://127.0.0.1:1/0", keys):
+            await asyncio.sleep(hub_module.RETRY_S * 4)  # four retries at least
+    failed = [r for r in caplog.records if "pub/sub connection failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert "1 attempts so far" in failed[0].getMessage()

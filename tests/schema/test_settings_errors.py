@@ -30,3 +30,10 @@ def test_a_bad_override_is_named_as_its_field():
 def test_the_edges_of_the_first_page_are_accepted():
     assert load_settings(PublisherSettings, {"FANOUT_READ_FIRST_PAGE": "1"}).read_first_page == 1
     assert load_settings(PublisherSettings, {}).read_first_page == 256
+
+
+def test_a_value_outside_a_fixed_set_is_answered_with_the_accepted_values():
+    with pytest.raises(SettingsError) as caught:
+        load_settings(PublisherSettings, {"FANOUT_LIVE_PUBSUB": "CLASSIC"})
+    assert str(caught.value) == ("bad configuration: FANOUT_LIVE_PUBSUB='CLASSIC': Invalid enum value 'CLASSIC'; "
+                                 "one of auto, classic, sharded")

@@ -275,3 +275,19 @@ def test_export_refuses_bad_arguments_with_exit_2(args: list[str], words: str) -
     assert done.returncode == 2
     assert words in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("env", "args", "words"), [
+    ({"REDIS_URL": "foo"}, [], "REDIS_URL 'foo' is not a Redis URL"),
+    ({"REDIS_URL": "http://x"}, [], "REDIS_URL 'http://x' is not a Redis URL"),
+    ({}, ["--redis-url", "foo"], "--redis-url 'foo' is not a Redis URL"),
+])
+def test_export_refuses_a_malformed_redis_url_with_exit_2(tmp_path: Path, env: dict[str, str], args: list[str],
+                                                          words: str) -> None:
+    out = tmp_path / "never.ndjson"
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "export", *args, "--output", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60, env={**os.environ, **env})
+    assert done.returncode == 2
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()  # refused before any output is opened
