@@ -174,6 +174,8 @@ class Worker:
             log.info("event=jobs_reclaimed stream=%s count=%d", stream, len(fresh))
             self.ctx.telemetry.jobs_reclaimed(len(fresh))
             return fresh
+        if self.free_slots <= 0:  # readers of other shards filled the slots during the reclaim
+            return []
         return await self.intake.read_new(stream, self.free_slots, block_ms=self.settings.block_ms)
 
     async def _wait_for_slot(self, stop: asyncio.Event) -> None:
