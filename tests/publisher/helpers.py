@@ -172,6 +172,20 @@ class HookedRedis:
         return result
 
 
+def recording_redis(key: str) -> tuple[Callable[[Any], HookedRedis], list[HookedRedis]]:
+    """Return ``(wrap_redis, hooked)``: the app's client wrapped to record every XRANGE of ``key`` (no hook)."""
+    hooked: list[HookedRedis] = []
+
+    async def nothing() -> None:
+        return None
+
+    def wrap(client: Any) -> HookedRedis:
+        hooked.append(HookedRedis(client, key, lambda result: False, nothing))
+        return hooked[0]
+
+    return wrap, hooked
+
+
 class SSEClient:
     """Reads SSE messages one by one from an aiohttp response (WHATWG field parsing, LF only)."""
 

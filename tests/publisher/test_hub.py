@@ -25,6 +25,7 @@ from tests.publisher.helpers import (
     eventually,
     ids,
     make_settings,
+    recording_redis,
     start,
     stop,
     text_stream,
@@ -147,15 +148,7 @@ async def test_one_subscription_per_stream_however_many_readers(ctx):
 async def test_readers_share_one_xrange_per_notification(ctx):
     writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
     await writer.append(start(ctx.sid))
-    hooked: list[HookedRedis] = []
-
-    async def nothing() -> None:
-        return None
-
-    def wrap(client):
-        hooked.append(HookedRedis(client, ctx.keys.events(ctx.sid), lambda result: False, nothing))
-        return hooked[0]
-
+    wrap, hooked = recording_redis(ctx.keys.events(ctx.sid))
     server = await ctx.start_app(wrap_redis=wrap)
     clients, responses = [], []
     for _ in range(4):

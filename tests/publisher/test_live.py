@@ -10,7 +10,6 @@ from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,
     GUARD_S,
-    HookedRedis,
     SSEClient,
     StreamWriter,
     bearer,
@@ -19,6 +18,7 @@ from tests.publisher.helpers import (
     done,
     ids,
     make_settings,
+    recording_redis,
     start,
     stop,
 )
@@ -39,15 +39,7 @@ def test_payload_whose_lines_disagree_with_its_seqs_is_seq_only():
 
 
 async def _hooked(ctx) -> tuple:
-    hooked: list[HookedRedis] = []
-
-    async def nothing() -> None:
-        return None
-
-    def wrap(client):
-        hooked.append(HookedRedis(client, ctx.keys.events(ctx.sid), lambda result: False, nothing))
-        return hooked[0]
-
+    wrap, hooked = recording_redis(ctx.keys.events(ctx.sid))
     server = await ctx.start_app(wrap_redis=wrap)
     return server, hooked
 

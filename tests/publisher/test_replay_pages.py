@@ -17,25 +17,15 @@ from tests.publisher.helpers import (
     bearer,
     ids,
     make_settings,
+    recording_redis,
     text_stream,
 )
 
 
-def _hooked(ctx, hooked: list[HookedRedis]):
-    async def nothing() -> None:
-        return None
-
-    def wrap(client):
-        hooked.append(HookedRedis(client, ctx.keys.events(ctx.sid), lambda result: False, nothing))
-        return hooked[0]
-
-    return wrap
-
-
 @pytest.mark.parametrize("position", [0, 5])
 async def test_replay_reads_a_small_first_page_then_full_pages_and_loses_nothing(ctx, position):
-    hooked: list[HookedRedis] = []
-    server = await ctx.start_app(make_settings(read_page=8, read_first_page=3), wrap_redis=_hooked(ctx, hooked))
+    wrap, hooked = recording_redis(ctx.keys.events(ctx.sid))
+    server = await ctx.start_app(make_settings(read_page=8, read_first_page=3), wrap_redis=wrap)
     writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
     await writer.meta()
     events = text_stream(ctx.sid, 30)  # 34 events, ending with stream.done
@@ -52,8 +42,8 @@ async def test_replay_reads_a_small_first_page_then_full_pages_and_loses_nothing
 
 
 async def test_a_first_page_larger_than_the_page_is_cut_to_the_page(ctx):
-    hooked: list[HookedRedis] = []
-    server = await ctx.start_app(make_settings(read_page=4, read_first_page=50), wrap_redis=_hooked(ctx, hooked))
+    wrap, hooked = recording_redis(ctx.keys.events(ctx.sid))
+    server = await ctx.start_app(make_settings(read_page=4, read_first_page=50), wrap_redis=wrap)
     writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
     await writer.meta()
     events = text_stream(ctx.sid, 6)
