@@ -99,7 +99,8 @@ def _redis_context(
         ))
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
-        app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page)
+        app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page,
+                                     cluster=settings.redis_cluster)
         await announce_shards(client, app[SHARDS])
         try:
             mode = await live_mode(client, settings.live_pubsub)  # as the workers decide it
@@ -110,6 +111,7 @@ def _redis_context(
         live = await node_client(client) if mode == "classic" else None
         app[HUB] = hub = Hub(live or client, store, keys.live, settings.subscribe_timeout_s,
                              heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000,
+                             live_read_s=settings.live_read_ms / 1000,
                              reconnect=lambda: node_client(client), mode=mode)
         await hub.start()
         yield

@@ -8,8 +8,9 @@ the subscription (a ``PING`` sent after ``SUBSCRIBE`` on the same connection com
 after it), so nothing appended between the history read and the live tail is missed.
 After its history replay a reader calls :meth:`Hub.go_live`; from then on a notification
 that carries its events is offered to every live reader straight from the listener's
-dispatch, and everything else (a seq-only notification, a gap, a resubscription) makes
-the topic's pump read ``XRANGE (0-<fetched> +`` once for all of them.
+dispatch, and everything else (a seq-only notification, a gap, a resubscription) asks
+for one read after the topic's ``fetched`` for all of them; the reads of every topic
+that asked are made together (:class:`publisher.live_reads.LiveReads`).
 
 Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
 interval), not one per response. An audit runs every half heartbeat interval over the topics that heard nothing for that
@@ -44,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from publisher.live import parse_notification
+from publisher.live_reads import LiveReads
 from publisher.pubsub import Endpoint, PubSubLink, endpoint_of
 from publisher.reader import Reader
 from publisher.shard_links import ShardLinks
@@ -82,6 +84,7 @@ class Hub:
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
         heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
         live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
+        live_read_s: Least time between two batched live reads (``FANOUT_LIVE_READ_MS``).
         reconnect: Returns a client of a node of the current topology
             (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
             the hub reconnects to that node and subscribes every topic again (after a
@@ -99,6 +102,7 @@ class Hub:
         *,
         heartbeat_s: float = 15.0,
         live_batch_s: float = 0.0,
+        live_read_s: float = 0.0,
         reconnect: Callable[[], Awaitable[Any]] | None = None,
         mode: LiveMode = "classic",
     ) -> None:
@@ -107,6 +111,7 @@ class Hub:
         self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
         self._staged: list[Topic] = []
         self._store = store
+        self._reads = LiveReads(store, live_read_s)
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
@@ -127,7 +132,8 @@ class Hub:
         """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""
         if self._shards is not None:
             await self._shards.start()
-        self._tasks = [asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop())]
+        self._tasks = [asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop()),
+                       self._reads.start()]
         if self._shards is None:
             self._tasks.append(asyncio.create_task(self._link_loop()))
 
@@ -138,7 +144,7 @@ class Hub:
             reader.close("shutdown")
         self._link.close()
         self._lost.set()
-        tasks = [*self._tasks, *(t.pump for t in self._topics.values() if t.pump is not None)]
+        tasks = list(self._tasks)
         tasks += self._shards.close() if self._shards is not None else []
         for task in tasks:
             task.cancel()
@@ -204,10 +210,9 @@ class Hub:
 
     def _open(self, stream_id: str) -> Topic:
         channel = self._channel_of(stream_id).encode()
-        topic = Topic(stream_id, channel)
+        topic = Topic(stream_id, channel, self._reads.want)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
         self._queue("sub", channel, topic)
-        topic.pump = asyncio.create_task(self._pump(topic))
         return topic
 
     def _leave(self, topic: Topic, reader: Reader) -> None:
@@ -217,8 +222,6 @@ class Hub:
             return
         del self._topics[topic.stream_id]
         del self._by_channel[topic.channel]
-        if topic.pump is not None:
-            topic.pump.cancel()
         self._queue("unsub", topic.channel, None)
 
     def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
@@ -349,33 +352,6 @@ class Hub:
         topic = self._by_channel.get(channel)
         if topic is not None:
             topic.resubscribed()
-
-    async def _pump(self, topic: Topic) -> None:
-        while not self._closing:
-            await topic.wake.wait()
-            topic.wake.clear()
-            while topic.pending and topic.live:
-                topic.pending = False
-                topic.reading = True
-                try:
-                    await self._fetch(topic)
-                except RedisError as exc:
-                    log.warning("live read of %s failed: %s", topic.stream_id, exc)
-                    topic.pending = True
-                    await asyncio.sleep(RETRY_S)
-                finally:
-                    topic.reading = False
-                topic.after_read()
-
-    async def _fetch(self, topic: Topic) -> None:
-        start = topic.fetched
-        page = await self._store.read_after(topic.stream_id, start)
-        if topic.fetched != start:  # the live set emptied and restarted meanwhile
-            topic.pending = True
-            return
-        topic.offer(page)
-        if len(page) >= self._store.page:
-            topic.pending = True
 
     async def _beat_loop(self) -> None:
         """Offer every live reader a heartbeat each tick: the one heartbeat timer of the process."""

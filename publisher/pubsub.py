@@ -68,6 +68,7 @@ class _Protocol(asyncio.Protocol):
         self.on_push, self.on_lost, self.on_read = on_push, on_lost, on_read
         self.transport: asyncio.Transport | None = None
         self.batch_s = batch_s
+        self.loop = asyncio.get_running_loop()  # looked up once: Python 3.11 asks the kernel its pid each time
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's transports do not subclass asyncio's
@@ -81,7 +82,7 @@ class _Protocol(asyncio.Protocol):
         if self.batch_s > 0 and self.transport is not None:  # let the next messages gather: one read for several
             self.transport.pause_reading()
             rest_s = max(self.batch_s, time.monotonic() - started)  # at most half the time spent fanning out
-            asyncio.get_running_loop().call_later(rest_s, self._resume)
+            self.loop.call_later(rest_s, self._resume)
 
     def _resume(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -5,7 +5,7 @@ Entries are ``0-<seq>`` with field ``e`` (schema.keys). Every read is an exclusi
 current tail". Each entry is parsed once into an :class:`Entry` that carries its
 ready-made SSE message, shared by every reader of the stream.
 
-Follows the Redis command pages of XRANGE, XREVRANGE and HGETALL.
+Follows the Redis command pages of XRANGE, XREAD, XREVRANGE and HGETALL.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
+from redis.exceptions import ResponseError
 
 from publisher.sse import one_line
 from schema.contract import EVENT_TYPES, TERMINAL_TYPES
 from schema.keys import EVENT_FIELD, Keys, seq_of
+from worker.redis_client import REDIS_ERRORS
 
 if TYPE_CHECKING:
     from worker.redis_client import RedisClient
@@ -180,6 +182,13 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
     """
     if not raw:
         return Page()
+    if len(raw) == 1:  # the usual live read: one new entry
+        (entry_id, fields), = raw
+        seq = _fast_seq(entry_id)
+        if seq is not None and len(fields) == 2 and fields[0] == EVENT_FIELD:
+            single = Page()
+            single.append(entry_of(seq, fields[1]))
+            return single
     first, last = _fast_seq(raw[0][0]), _fast_seq(raw[-1][0])
     if first is not None and last is not None and last - first + 1 == len(raw):
         datas: list[bytes | None] = [fields[1] if len(fields) == 2 and fields[0] == EVENT_FIELD else None
@@ -277,15 +286,19 @@ class Store:
         page: Entries per XRANGE call (``FANOUT_READ_PAGE``).
         first_page: Entries of an SSE response's first history read
             (``FANOUT_READ_FIRST_PAGE``; at most ``page``).
+        cluster: ``redis`` is a cluster client: :meth:`read_many` reads each stream on its own.
     """
 
-    def __init__(self, redis: RedisClient, keys: Keys, page: int, *, first_page: int | None = None) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, page: int, *, first_page: int | None = None,
+                 cluster: bool = False) -> None:
         self.redis = redis
+        self.cluster = cluster
         self.keys = keys
         self.page = page
         self.first_page = min(page, first_page or page)
         self._inflight: dict[tuple[object, str, int, int], asyncio.Future[Page]] = {}
         redis.set_response_callback("XRANGE", _raw_stream_list)  # replies are parsed once, here
+        redis.set_response_callback("XREAD", _raw_stream_list)
 
     async def info(self, stream_id: str) -> StreamInfo:
         """Return meta, tombstone and the top of the stored stream (one round trip)."""
@@ -348,6 +361,47 @@ class Store:
                 and (page[-1].seq if page else after_seq) < known[1]:
             return await self._read_page(stream_id, after_seq, count)
         return page
+
+    async def read_many(self, positions: Sequence[tuple[str, int]]) -> list[Page | BaseException]:
+        """Return one page after each ``(stream id, after seq)``, or the error that stream's read met.
+
+        A single node answers them all with one ``XREAD COUNT <page> STREAMS <events...>
+        <0-<after>...>`` (its ids are exclusive, like ``XRANGE (0-<after>``; a stream with
+        nothing after its position, or no events key, gets an empty page). When that
+        command fails with a reply error (one key of another type, say), or on a cluster
+        (where keys of several slots cannot share a command), or for one stream, each is
+        read with :meth:`read_after`, concurrently, so one stream's failure is only its own.
+
+        Args:
+            positions: Distinct streams and their exclusive start seqs.
+
+        Returns:
+            In the order of ``positions``: a :class:`Page` of at most ``page`` entries, or
+            the ``RedisError``/``RedisClusterException`` raised for that stream (a
+            connection error fails every stream of a single-node read).
+        """
+        if len(positions) > 1 and not self.cluster:
+            try:
+                return await self._xread(positions)
+            except ResponseError:
+                pass
+            except REDIS_ERRORS as exc:
+                return [exc] * len(positions)
+        results = await asyncio.gather(*(self.read_after(stream_id, after) for stream_id, after in positions),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, REDIS_ERRORS):
+                raise result
+        return results
+
+    async def _xread(self, positions: Sequence[tuple[str, int]]) -> list[Page | BaseException]:
+        keys = [self.keys.events(stream_id) for stream_id, _ in positions]
+        raw: Any = await self.redis.execute_command(
+            "XREAD", "COUNT", self.page, "STREAMS", *keys, *(f"0-{after}" for _, after in positions))
+        pairs = raw.items() if isinstance(raw, dict) else raw or ()  # RESP3 answers a map, RESP2 an array
+        found = {_text(key): entries for key, entries in pairs}
+        return [entries_of(stream_id, list(found.get(key, ())))
+                for (stream_id, _), key in zip(positions, keys, strict=True)]
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))

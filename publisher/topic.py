@@ -3,17 +3,19 @@
 A :class:`Topic` holds the readers of one stream, the live ones among them, and
 ``fetched``, the last seq offered to every live reader. A notification that carries its
 events and continues ``fetched`` exactly is offered right away (:meth:`Topic.notified`
-returns ``"delivered"``: no Redis read). Anything else asks the hub's pump for an
-``XRANGE (0-<fetched> +``: a seq-only notification, a seq it did not expect (a lost or
-reordered message), or a resubscription. While that read is in flight, notifications
-that carry events wait in a small backlog and are applied after it, so ordering stays
-exactly that of the stored stream. No Redis, no aiohttp.
+returns ``"delivered"``: no Redis read). Anything else asks for a read after ``fetched``
+(:class:`publisher.live_reads.LiveReads`, which reads many topics at once): a seq-only
+notification, a seq it did not expect (a lost or reordered message), or a
+resubscription. While that read is in flight, notifications that carry events wait in a
+small backlog and are applied after it, so ordering stays exactly that of the stored
+stream. No Redis, no aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Final, Literal
 
 from publisher.live import Notification
@@ -22,7 +24,7 @@ from publisher.store import Entry, entry_of
 
 BACKLOG_MAX: Final = 64
 """Notifications kept while a repair read is in flight; past it they are dropped (the
-pump reads again, so nothing is lost)."""
+topic reads again, so nothing is lost)."""
 UNKNOWN_TOP: Final = 1 << 62
 """``seen`` after a resubscription: notifications may have been lost, read before trusting."""
 
@@ -35,9 +37,10 @@ class Topic:
     Args:
         stream_id: The stream.
         channel: Its live channel name, as bytes (what pub/sub messages carry).
+        want_read: Called with the topic each time it asks for a read after ``fetched``.
     """
 
-    def __init__(self, stream_id: str, channel: bytes) -> None:
+    def __init__(self, stream_id: str, channel: bytes, want_read: Callable[[Topic], None]) -> None:
         self.stream_id = stream_id
         self.channel = channel
         self.readers: set[Reader] = set()
@@ -52,21 +55,20 @@ class Topic:
         self.pending = False
         """A read is owed: a notification could not be applied directly."""
         self.reading = False
-        """The pump's read is in flight."""
+        """A read after ``fetched`` is in flight (or waits to be retried)."""
         self.backlog: list[Notification] = []
         self.staged: list[Entry] = []
         """Entries accepted from notifications of the current read, offered by :meth:`flush`."""
         self.heard_s = time.monotonic()
         """Monotonic time of the last notification (for the idle-topic audit)."""
-        self.wake = asyncio.Event()
+        self._want_read = want_read
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(_consume)
-        self.pump: asyncio.Task[None] | None = None
 
     def kick(self) -> None:
-        """Ask the pump for a read."""
+        """Ask for a read after ``fetched``."""
         self.pending = True
-        self.wake.set()
+        self._want_read(self)
 
     def go_live(self, reader: Reader) -> bool:
         """Add a reader that replayed history to ``cursor``; False when it must read further."""
@@ -95,7 +97,7 @@ class Topic:
 
         Returns:
             ``delivered`` when its events were staged (the caller calls :meth:`flush`
-            once its read is handled), ``read`` when the pump was asked (or the events
+            once its read is handled), ``read`` when a read was asked for (or the events
             wait for its read), ``ignored`` when nothing is new.
         """
         self.heard_s = time.monotonic()

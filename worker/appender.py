@@ -360,7 +360,7 @@ class StreamWriter:
         """
         mode = await self._appender.live()
         salvage, sid, argv = self._appender.salvage, self.stream_id, [*self._argv(events, mode), "jump" if jump else ""]
-        code, detail = await self._salvage_call(lambda: salvage.terminal(sid, argv, self._appender.script))
+        code, detail = await self._salvage_call(lambda: salvage.terminal(sid, argv))
         if code is not None:
             self._accept(events, code, detail)
             await self._stored(events)

@@ -9,7 +9,8 @@ append), each fenced by the caller's token:
    ``stream.error``, after a ``stream.start`` when none is stored). Out of memory no longer
    blocks it, so a stream that hit ``maxmemory`` still ends with a real terminal event: a
    few hundred bytes past the limit, once per stream. Redis 6.2 cannot parse script
-   flags; there the plain append script is used instead.
+   flags; there the same script runs without its flags line (everything but the
+   ``maxmemory`` exemption, ``jump`` included).
    After a failover lost this writer's last events (the append answered ``seq`` with a
    ``last_seq`` below the writer's), the terminal is stored right after the writer's own
    last seq (``jump``): a reader that got the lost events live resumes exactly after them
@@ -113,6 +114,7 @@ class Salvage:
     def __init__(self, redis: RedisClient, keys: Keys, ttls: tuple[str, str]) -> None:
         self.keys, self.ttls = keys, ttls
         self._terminal: AsyncScript = redis.register_script(TERMINAL_LUA)
+        self._terminal_unflagged: AsyncScript = redis.register_script(TERMINAL_LUA.split("\n", 1)[1])
         self._mark: AsyncScript = redis.register_script(MARK_LUA)
         self.flags_supported = True
         """False once Redis (6.2) refused to compile a flagged script."""
@@ -121,8 +123,8 @@ class Salvage:
         k = self.keys
         return [k.events(stream_id), k.meta(stream_id), k.tomb(stream_id), k.live(stream_id)]
 
-    async def terminal(self, stream_id: str, argv: list[Any], plain: AsyncScript) -> tuple[str, str]:
-        """Run :data:`TERMINAL_LUA` (``plain``, the append script, on Redis 6.2); return (code, detail).
+    async def terminal(self, stream_id: str, argv: list[Any]) -> tuple[str, str]:
+        """Run :data:`TERMINAL_LUA` (without its flags line on Redis 6.2); return (code, detail).
 
         Raises:
             redis.exceptions.RedisError: As the append script would.
@@ -136,7 +138,7 @@ class Salvage:
                 self.flags_supported = False
             else:
                 return _text(reply[0]), _text(reply[1])
-        reply = await plain(keys=self._keys(stream_id), args=argv)
+        reply = await self._terminal_unflagged(keys=self._keys(stream_id), args=argv)
         return _text(reply[0]), _text(reply[1])
 
     async def mark(self, stream_id: str, *, token: int, status: str, ended_ms: int, category: str,

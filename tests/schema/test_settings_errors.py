@@ -12,6 +12,8 @@ from schema.settings import SettingsError, load_settings
     ("FANOUT_READ_FIRST_PAGE", "0", ">= 1"),
     ("FANOUT_READ_PAGE", "many", "Expected `int`"),
     ("FANOUT_LIVE_BATCH_MS", "101", "<= 100"),
+    ("FANOUT_LIVE_READ_MS", "1000.5", "<= 1000"),
+    ("FANOUT_LIVE_READ_MS", "-1", ">= 0"),
 ])
 def test_a_bad_variable_is_named_with_its_value(name, value, why):
     with pytest.raises(SettingsError) as caught:
@@ -30,6 +32,12 @@ def test_a_bad_override_is_named_as_its_field():
 def test_the_edges_of_the_first_page_are_accepted():
     assert load_settings(PublisherSettings, {"FANOUT_READ_FIRST_PAGE": "1"}).read_first_page == 1
     assert load_settings(PublisherSettings, {}).read_first_page == 256
+
+
+def test_the_edges_of_the_live_read_interval_are_accepted():
+    assert load_settings(PublisherSettings, {"FANOUT_LIVE_READ_MS": "0"}).live_read_ms == 0
+    assert load_settings(PublisherSettings, {"FANOUT_LIVE_READ_MS": "1000"}).live_read_ms == 1000
+    assert load_settings(PublisherSettings, {}).live_read_ms == 10
 
 
 def test_a_value_outside_a_fixed_set_is_answered_with_the_accepted_values():

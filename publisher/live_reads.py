@@ -1,0 +1,137 @@
+"""The live reads of every topic of a process: one batched read, at most one per interval.
+
+A topic needs a read of the stored stream when a notification could not be applied
+straight away (:meth:`publisher.topic.Topic.notified`): a seq-only notification (a batch
+past ``FANOUT_LIVE_MAX_NOTIFY_BYTES``, or a writer that sends only seqs), a seq it did
+not expect (a lost or reordered message), a resubscription, or the audit's finding. With
+one read per topic per notification, a process tailing many streams would spend a Redis
+round trip per delivery, which is what the live channel exists to avoid. So every topic
+that asked is read together:
+
+- On a single node, one ``XREAD COUNT <page> STREAMS <events...> <0-fetched...>``
+  returns a page after each topic's ``fetched`` (XREAD's ids are exclusive, as
+  ``XRANGE (0-<fetched>`` is). A lone topic is read with ``XRANGE``.
+- On a cluster, the streams of one read live in different slots, which a multi-key
+  command cannot span: each is read with its own ``XRANGE``, concurrently.
+
+Two reads start at least ``interval_s`` apart (``FANOUT_LIVE_READ_MS``), and only one is
+in flight: under load a read serves every topic that asked since the last one, so the
+commands per second stay bounded however many streams are live; an idle process reads
+at once. Follows the Redis pages of XREAD and XRANGE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Final
+
+from publisher.store import Store
+from publisher.topic import Topic
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX: Final = 256
+"""Most topics in one read; the others are read right after it."""
+RETRY_S: Final = 0.5
+"""Pause after a failed read before its topics are read again, seconds."""
+
+
+class LiveReads:
+    """Batched reads for the topics that asked (:meth:`want`), in the order they asked.
+
+    Args:
+        store: The stream reads (:meth:`publisher.store.Store.read_many`).
+        interval_s: Least time between the starts of two reads, seconds (0: none).
+    """
+
+    def __init__(self, store: Store, interval_s: float) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._wanted: dict[Topic, None] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> asyncio.Task[None]:
+        """Start the read loop; cancel the returned task to stop it."""
+        self._task = asyncio.create_task(self._loop())
+        return self._task
+
+    def want(self, topic: Topic) -> None:
+        """Queue ``topic`` for the next read (a topic queued twice is read once)."""
+        self._wanted[topic] = None
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        last = float("-inf")
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            rest = last + self._interval_s - time.monotonic()
+            if rest > 0:
+                await asyncio.sleep(rest)
+            batch = self._take()
+            if not batch:
+                continue
+            last = time.monotonic()
+            try:
+                await self._read(batch)
+            except Exception:  # a bug: log it, keep serving the other topics, retry these
+                log.exception("live read of %d stream(s) failed", len(batch))
+                for topic in batch:
+                    topic.reading = False
+                    topic.pending = True
+                    self.want(topic)
+                await asyncio.sleep(RETRY_S)
+
+    def _take(self) -> list[Topic]:
+        """Remove and return up to :data:`BATCH_MAX` queued topics that still owe a read to live readers."""
+        batch: list[Topic] = []
+        for topic in list(self._wanted):
+            if len(batch) == BATCH_MAX:
+                self._wake.set()
+                break
+            del self._wanted[topic]
+            if topic.pending and topic.live and not topic.reading:
+                batch.append(topic)
+        return batch
+
+    async def _read(self, batch: list[Topic]) -> None:
+        starts = [topic.fetched for topic in batch]
+        for topic in batch:
+            topic.pending, topic.reading = False, True
+        try:
+            positions = [(topic.stream_id, start) for topic, start in zip(batch, starts, strict=True)]
+            pages = await self._store.read_many(positions)
+        finally:
+            for topic in batch:
+                topic.reading = False
+        failed = [(topic, page) for topic, page in zip(batch, pages, strict=True) if isinstance(page, BaseException)]
+        if failed:
+            log.warning("live read of %d stream(s) failed (%s: %s); retrying in %ss",
+                        len(failed), failed[0][0].stream_id, failed[0][1], RETRY_S)
+            loop = asyncio.get_running_loop()
+            for topic, _ in failed:
+                topic.pending, topic.reading = True, True  # notifications wait in its backlog meanwhile
+                loop.call_later(RETRY_S, self._retry, topic)
+        for topic, start, page in zip(batch, starts, pages, strict=True):
+            if isinstance(page, BaseException):
+                continue
+            if topic.fetched != start:  # its live set emptied and restarted meanwhile
+                topic.pending = True
+            else:
+                topic.offer(page)
+                if len(page) >= self._store.page:  # more stored after this page
+                    topic.pending = True
+            self._settle(topic)
+
+    def _retry(self, topic: Topic) -> None:
+        topic.reading = False
+        self._settle(topic)
+
+    def _settle(self, topic: Topic) -> None:
+        """Apply what arrived during the topic's read; queue it again when it still owes one."""
+        topic.after_read()
+        if topic.pending and topic.live:
+            self.want(topic)
