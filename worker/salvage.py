@@ -75,6 +75,10 @@ live mode), plus ARGV[11 + n]:
 that Redis lost its events in between (a failover); meta then records ``lost_from`` and
 ``lost_to``, and readers get a ``stream.gap`` or a 410 for that range, never a silent hole."""
 
+TERMINAL_UNFLAGGED_LUA: Final = TERMINAL_LUA.split("\n", 1)[1]
+""":data:`TERMINAL_LUA` without its flags line, for Redis 6.2 (which cannot parse script
+flags): the same terminal append, ``jump`` included, minus the ``maxmemory`` exemption."""
+
 MARK_LUA: Final = """
 local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
@@ -114,7 +118,7 @@ class Salvage:
     def __init__(self, redis: RedisClient, keys: Keys, ttls: tuple[str, str]) -> None:
         self.keys, self.ttls = keys, ttls
         self._terminal: AsyncScript = redis.register_script(TERMINAL_LUA)
-        self._terminal_unflagged: AsyncScript = redis.register_script(TERMINAL_LUA.split("\n", 1)[1])
+        self._terminal_unflagged: AsyncScript = redis.register_script(TERMINAL_UNFLAGGED_LUA)
         self._mark: AsyncScript = redis.register_script(MARK_LUA)
         self.flags_supported = True
         """False once Redis (6.2) refused to compile a flagged script."""

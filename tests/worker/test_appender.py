@@ -282,3 +282,26 @@ async def test_lost_summary_never_loses_an_event(redis_client: aioredis.Redis, k
     assert await redis_client.hgetall(keys.tomb(SID)) == {b"last_seq": b"5", b"status": b"completed"}
     assert await redis_client.xlen(keys.done) == 0
     assert "event=summary_lost" in caplog.text
+
+
+async def test_terminal_past_lost_events_is_stored_on_redis_6_2(keys: Keys) -> None:
+    """Redis 6.2 cannot parse script flags: the terminal script runs without them, ``jump`` and all."""
+    from tests.redis_servers import redis_node  # noqa: PLC0415 - a private server of this test only
+    from worker.embedded_redis import redis_server_binary  # noqa: PLC0415
+
+    with redis_node(binary=redis_server_binary()) as server:
+        redis = client_for(server.url)
+        try:
+            assert str((await redis.info("server"))["redis_version"]).startswith("6.2.")
+            writer = await _writer(redis, keys)
+            await writer.append([_start(), *_body(2, 2)])
+            writer.last_seq = 5  # seqs 4 and 5 were acknowledged by a master that died before replicating them
+            error = StreamError(stream_id=SID, seq=6, ts=6, status="failed", usage=None, finish_reason=None,
+                                error=ErrorInfo(category="internal", retryable=True, message="storage error: lost"))
+            assert await writer.end_refused([error], jump=True) == "event"
+            assert writer._appender.salvage.flags_supported is False  # noqa: SLF001 - the 6.2 path was taken
+            assert [entry_id for entry_id, _ in await _stored(redis, keys)] == ["0-1", "0-2", "0-3", "0-6"]
+            meta = await redis.hgetall(keys.meta(SID))
+            assert (meta[b"lost_from"], meta[b"lost_to"], meta[b"state"]) == (b"4", b"5", b"done")
+        finally:
+            await redis.aclose()

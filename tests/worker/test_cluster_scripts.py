@@ -300,6 +300,20 @@ async def _run_everything(redis_url: str, keys: Keys, client: aioredis.Redis) ->
                             error=ErrorInfo(category="internal", retryable=False, message="storage error"))
         assert await writer.end_refused([error]) == stored
 
+    # Redis 6.2's terminal: the same script without its flags line, past events a failover lost.
+    job = make_job("openai_chat", "m")
+    claim = await leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model, entry_id="1-1",
+                               now_ms=int(time.time() * 1000))
+    appender = Appender(client, keys)
+    appender.salvage.flags_supported = False
+    writer = appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq)
+    await writer.append([StreamStart(stream_id=job.stream_id, seq=1, ts=1, provider="openai_chat", model="m",
+                                     metadata={})])
+    writer.last_seq = 3
+    error = StreamError(stream_id=job.stream_id, seq=4, ts=4, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="internal", retryable=True, message="storage error: lost 2..3"))
+    assert await writer.end_refused([error], jump=True) == "event"
+
 
 async def test_every_script_call_passes_keys_of_one_slot(redis_url: str, keys: Keys, redis_client: aioredis.Redis,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
