@@ -286,8 +286,8 @@ async def test_lost_summary_never_loses_an_event(redis_client: aioredis.Redis, k
 
 async def test_terminal_past_lost_events_is_stored_on_redis_6_2(keys: Keys) -> None:
     """Redis 6.2 cannot parse script flags: the terminal script runs without them, ``jump`` and all."""
-    from tests.redis_servers import redis_node  # noqa: PLC0415 - a private server of this test only
-    from worker.embedded_redis import redis_server_binary  # noqa: PLC0415
+    from tests.redis_servers import redis_node
+    from worker.embedded_redis import redis_server_binary
 
     with redis_node(binary=redis_server_binary()) as server:
         redis = client_for(server.url)
@@ -299,7 +299,7 @@ async def test_terminal_past_lost_events_is_stored_on_redis_6_2(keys: Keys) -> N
             error = StreamError(stream_id=SID, seq=6, ts=6, status="failed", usage=None, finish_reason=None,
                                 error=ErrorInfo(category="internal", retryable=True, message="storage error: lost"))
             assert await writer.end_refused([error], jump=True) == "event"
-            assert writer._appender.salvage.flags_supported is False  # noqa: SLF001 - the 6.2 path was taken
+            assert writer._appender.salvage.flags_supported is False
             assert [entry_id for entry_id, _ in await _stored(redis, keys)] == ["0-1", "0-2", "0-3", "0-6"]
             meta = await redis.hgetall(keys.meta(SID))
             assert (meta[b"lost_from"], meta[b"lost_to"], meta[b"state"]) == (b"4", b"5", b"done")
