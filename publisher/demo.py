@@ -17,9 +17,11 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +37,7 @@ from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
 from worker.embedded_redis import redis_url
+from worker.redis_client import REDIS_ERRORS, RedisOptions, connect, primary_clients
 from worker.replay import replay_file
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -63,9 +66,31 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``demo`` options."""
     parser.add_argument("--keep-running", action="store_true",
                         help="print the URLs, API key, Redis URL and key prefix first; leave the stack up after")
-    parser.add_argument("--delay-ms", type=int, default=40, help="upstream pause between chunks (ms)")
-    parser.add_argument("--chunk-bytes", type=int, default=96, help="upstream chunk size (bytes)")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="give up on the demo after this long")
+    parser.add_argument("--delay-ms", type=_at_least(int, 0), default=40,
+                        help="upstream pause between chunks (ms, >= 0)")
+    parser.add_argument("--chunk-bytes", type=_at_least(int, 1), default=96, help="upstream chunk size (bytes, >= 1)")
+    parser.add_argument("--timeout-s", type=_above(0.0), default=120.0,
+                        help="give up on the demo after this long (seconds, > 0)")
+
+
+def _at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
+    """Return an argparse ``type``: ``kind(text)`` when it is >= ``low``, else a usage error (exit 2)."""
+    def parse(text: str) -> int:
+        value = kind(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is below {low}")
+        return value
+    return parse
+
+
+def _above(low: float) -> Callable[[str], float]:
+    """Return an argparse ``type``: a float strictly above ``low``, else a usage error (exit 2)."""
+    def parse(text: str) -> float:
+        value = float(text)
+        if not value > low:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text!r} is not above {low:g}")
+        return value
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,24 +115,64 @@ def _run(args: argparse.Namespace) -> int:
         source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
         sys.stdout.write(f"redis: {source}\n")
         prefix = os.environ.get("FANOUT_REDIS_PREFIX")
-        with LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix) as stack:
-            sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
-            if args.keep_running:
-                sys.stdout.write(announcement(stack, url, source) + "\n")
+        stack = LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix)
+        try:
+            return _run_stack(args, stack, url, source)
+        finally:
+            if prefix is None and source == "REDIS_URL":  # the demo's own keys, in the user's Redis
+                forget_prefix(url, stack.prefix)
+
+
+def forget_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix:`` (SCAN on each primary) and say how many; failures are reported, not raised.
+
+    The demo runs under a fresh random prefix; without this, a run against your own
+    ``REDIS_URL`` would leave its jobs streams, shard list and finished-streams stream
+    behind (they have no TTL). A prefix you chose (``FANOUT_REDIS_PREFIX``) is never touched.
+    """
+    async def forget() -> int:
+        cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "").lower() in ("1", "true", "yes", "on")
+        client = connect(url, RedisOptions(cluster=cluster))
+        deleted = 0
+        try:
+            for node in await primary_clients(client):
+                try:
+                    async for key in node.scan_iter(match=f"{prefix}:*", count=500):
+                        deleted += int(await client.delete(key))
+                finally:
+                    await node.aclose()
+        finally:
+            await client.aclose()
+        return deleted
+
+    try:
+        deleted = asyncio.run(forget())
+    except (*REDIS_ERRORS, OSError) as exc:
+        sys.stdout.write(f"could not remove the demo's keys (prefix {prefix}): {exc}\n")
+        return
+    sys.stdout.write(f"removed the demo's {deleted} keys (prefix {prefix}) from REDIS_URL\n")
+
+
+def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
+    """Start ``stack``, run the demo on it, and stop it (after Ctrl-C with ``--keep-running``)."""
+    with stack:
+        sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+        if args.keep_running:
+            sys.stdout.write(announcement(stack, url, source) + "\n")
+            sys.stdout.flush()
+        try:
+            code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
+        except TimeoutError:
+            sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
+            return 1
+        if args.keep_running:
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: the normal way to stop
+                sys.stdout.write(f"\nthe stack is still running: {stack.base_url}/demo "
+                                 "(Ctrl-C or SIGTERM stops it)\n")
                 sys.stdout.flush()
-            try:
-                code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
-            except TimeoutError:
-                sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
-                return 1
-            if args.keep_running:
-                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: the normal way to stop
-                    sys.stdout.write(f"\nthe stack is still running: {stack.base_url}/demo "
-                                     "(Ctrl-C or SIGTERM stops it)\n")
-                    sys.stdout.flush()
-                    while stack.alive():
-                        time.sleep(1)
-            return code
+                while stack.alive():
+                    time.sleep(1)
+        return code
 
 
 def announcement(stack: LocalStack, url: str, source: str) -> str:
@@ -118,6 +183,8 @@ def announcement(stack: LocalStack, url: str, source: str) -> str:
     """
     shown = _mask_password(url)
     attach = f"redis-cli -s {url.removeprefix('unix://')}" if url.startswith("unix://") else f"redis-cli -u {shown}"
+    if shutil.which("redis-cli") is None:
+        attach = "(with any Redis client; redis-cli is not on PATH)"
     return (f"\nstack running (Ctrl-C or SIGTERM stops it)\n"
             f"  publisher:  {stack.base_url}\n"
             f"  API key:    {stack.api_key}\n"

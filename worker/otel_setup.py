@@ -54,6 +54,12 @@ _GROUP: Final[dict[Signal, str]] = {
     "metrics": "opentelemetry_metrics_exporter",
     "logs": "opentelemetry_logs_exporter",
 }
+_SHIPPED: Final[dict[Signal, frozenset[str]]] = {
+    "traces": frozenset({"otlp_proto_grpc", "otlp_proto_http", "console"}),
+    "metrics": frozenset({"otlp_proto_grpc", "otlp_proto_http", "console", "prometheus"}),
+    "logs": frozenset({"otlp_proto_grpc", "otlp_proto_http", "console"}),
+}
+"""Entry-point names the ``[otel]`` extra installs, per signal (the module table)."""
 _OTLP_BY_PROTOCOL: Final = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
 
 SECONDS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -207,5 +213,12 @@ def _entry_point(signal: Signal, name: str) -> EntryPoint | None:
 
 
 def _missing(signal: Signal, name: str) -> None:
-    log.warning("event=otel_exporter_missing signal=%s asked=%s action=disabled "
-                "hint='install the image or pip install \"fanout[otel]\"'", signal, name)
+    """Warn about an exporter that cannot be loaded: the ``[otel]`` extra is missing, or the name is unknown."""
+    shipped = _SHIPPED[signal]
+    if name in shipped:
+        log.warning("event=otel_exporter_missing signal=%s asked=%s action=disabled "
+                    "hint='install the image or pip install \"fanout[otel]\"'", signal, name)
+        return
+    log.warning("event=otel_exporter_unknown signal=%s asked=%s action=disabled "
+                "hint='no installed package provides entry point %s in group %s; with fanout[otel] use one of: %s'",
+                signal, name, name, _GROUP[signal], ", ".join(sorted({"otlp", *shipped})))

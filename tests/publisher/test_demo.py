@@ -10,10 +10,18 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from publisher.demo import announcement
+import pytest
+import redis
+
+from publisher.demo import announcement, forget_prefix
 from publisher.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _keys_under(url: str, prefix: str) -> list[bytes]:
+    with redis.Redis.from_url(url) as client:
+        return list(client.scan_iter(match=f"{prefix}:*", count=500))
 
 
 def test_announcement_names_page_key_redis_and_prefix_without_the_password() -> None:
@@ -62,12 +70,57 @@ def test_keep_running_prints_urls_first_and_the_page_works_while_the_streams_run
         with urllib.request.urlopen(page, timeout=10) as resp:
             assert resp.status == 200
             assert b"Start stream" in resp.read()
+        prefix = next(line.split()[2] for line in lines if line.strip().startswith("key prefix:"))
         demo.send_signal(signal.SIGTERM)  # mid-streams: every process stops, exit 130
         assert demo.wait(timeout=60) == 130
-        assert "demo interrupted" in demo.stdout.read()
+        rest = demo.stdout.read()
+        assert "demo interrupted" in rest
+        assert "removed the demo's " in rest
+        assert _keys_under(redis_url, prefix) == [], "the demo's keys are gone from the user's Redis"
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
         if demo.stdout is not None:
             demo.stdout.close()
+
+
+def test_announcement_without_redis_cli_names_the_command_alone(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-cli here
+    stack = LocalStack("redis://127.0.0.1:6379/0", prefix="fanout-demo-y")
+    try:
+        text = announcement(stack, stack.redis_url, "REDIS_URL")
+    finally:
+        shutil.rmtree(stack.logdir)
+    assert "redis-cli -u" not in text
+    assert ("consumer:   (with any Redis client; redis-cli is not on PATH) "
+            "XREAD BLOCK 0 STREAMS 'fanout-demo-y:done'") in text
+
+
+def test_forget_prefix_deletes_only_that_prefix(redis_url: str, keys, capsys: pytest.CaptureFixture[str]) -> None:
+    other = f"{keys.prefix}x"  # shares the text but not the "prefix:" boundary
+    with redis.Redis.from_url(redis_url) as client:
+        client.xadd(keys.done, {"a": "1"})
+        client.xadd(keys.jobs_shard(0), {"a": "1"})
+        client.set(f"{other}:kept", "1")
+        try:
+            forget_prefix(redis_url, keys.prefix)
+            assert capsys.readouterr().out == f"removed the demo's 2 keys (prefix {keys.prefix}) from REDIS_URL\n"
+            assert client.exists(keys.done, keys.jobs_shard(0)) == 0
+            assert client.get(f"{other}:kept") == b"1"
+        finally:
+            client.delete(f"{other}:kept")
+
+
+def test_forget_prefix_reports_an_unreachable_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    forget_prefix("redis://127.0.0.1:1/0", "fanout-stack-gone")
+    assert capsys.readouterr().out.startswith("could not remove the demo's keys (prefix fanout-stack-gone): ")
+
+
+def test_a_negative_delay_is_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", "--delay-ms", "-5"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "argument --delay-ms: '-5' is below 0" in done.stderr
+    assert "Traceback" not in done.stderr

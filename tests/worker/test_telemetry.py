@@ -178,14 +178,31 @@ def test_sdk_disabled_exports_nothing() -> None:
     telemetry.shutdown()
 
 
-def test_missing_exporter_package_is_one_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_exporter_name_is_one_warning_naming_the_choices(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="fanout.otel"):
         telemetry = Telemetry.from_env({"OTEL_TRACES_EXPORTER": "zipkin_json", "OTEL_METRICS_EXPORTER": "nope"})
     with telemetry.job_span(make_job("gemini", "m")) as span:
         assert not span.is_recording()
+    unknown = [r.getMessage() for r in caplog.records if "otel_exporter_unknown" in r.getMessage()]
+    assert len(unknown) == 2
+    assert "asked=zipkin_json" in unknown[0]
+    assert "group opentelemetry_traces_exporter" in unknown[0]
+    assert "one of: console, otlp, otlp_proto_grpc, otlp_proto_http'" in unknown[0]
+    assert "one of: console, otlp, otlp_proto_grpc, otlp_proto_http, prometheus'" in unknown[1]
+    assert not [r for r in caplog.records if "otel_exporter_missing" in r.getMessage()]
+    telemetry.shutdown()
+
+
+def test_a_shipped_exporter_that_cannot_load_asks_for_the_extra(caplog: pytest.LogCaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker import otel_setup
+
+    monkeypatch.setattr(otel_setup, "_entry_point", lambda signal, name: None)  # as without the [otel] extra
+    with caplog.at_level(logging.WARNING, logger="fanout.otel"):
+        telemetry = Telemetry.from_env({"OTEL_TRACES_EXPORTER": "console"})
     missing = [r.getMessage() for r in caplog.records if "otel_exporter_missing" in r.getMessage()]
-    assert len(missing) == 2
-    assert "asked=zipkin_json" in missing[0]
+    assert len(missing) == 1
+    assert "asked=console" in missing[0]
     assert "fanout[otel]" in missing[0]
     telemetry.shutdown()
 
