@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Literal, TypeVar
@@ -72,9 +73,17 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return random.uniform(0.0, min(self.max_delay_s, self.base_s * 2 ** (tries - 1)))  # noqa: S311 - jitter
 
 
+_SCRIPT_WRAPPER: Final = re.compile(r"^Error running script \(call to [^)]*\): @[\w-]+:\d+: ")
+"""Redis 6.2's wrapper around an error raised inside a script (7.0 passes the error's own code first)."""
+
+
 def error_code(exc: BaseException) -> str:
-    """Return the Redis error code of a reply error (its first word, e.g. ``WRONGTYPE``), else ''."""
-    text = str(exc).strip()
+    """Return the Redis error code of a reply error (its first word, e.g. ``WRONGTYPE``), else ''.
+
+    An error raised inside a script on Redis 6.2 (``Error running script (call to
+    f_<sha>): @user_script:12: WRONGTYPE ...``) gives the code of the error inside.
+    """
+    text = _SCRIPT_WRAPPER.sub("", str(exc).strip())
     word = text.split(" ", 1)[0] if text else ""
     return word if word.isupper() and word.isalpha() else ""
 
