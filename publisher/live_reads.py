@@ -14,10 +14,12 @@ that asked is read together:
 - On a cluster, the streams of one read live in different slots, which a multi-key
   command cannot span: each is read with its own ``XRANGE``, concurrently.
 
-Two reads start at least ``interval_s`` apart (``FANOUT_LIVE_READ_MS``), and only one is
-in flight: under load a read serves every topic that asked since the last one, so the
-commands per second stay bounded however many streams are live; an idle process reads
-at once. Follows the Redis pages of XREAD and XRANGE.
+Reads are paced by a token bucket: one token per ``interval_s`` (``FANOUT_LIVE_READ_MS``),
+at most :data:`BURST` saved, one spent per read, and only one read in flight. Under load
+a read therefore serves every topic that asked since the last one, and the reads per
+second stay at ``1 / interval_s`` however many streams are live; below that rate (one
+busy stream, a notification every 10 ms) every read starts at once, its jitter absorbed by
+the saved tokens. Follows the Redis pages of XREAD and XRANGE.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 BATCH_MAX: Final = 256
 """Most topics in one read; the others are read right after it."""
+BURST: Final = 3.0
+"""Most read tokens saved while reads are rarer than one per interval."""
 RETRY_S: Final = 0.5
 """Pause after a failed read before its topics are read again, seconds."""
 
@@ -43,7 +47,8 @@ class LiveReads:
 
     Args:
         store: The stream reads (:meth:`publisher.store.Store.read_many`).
-        interval_s: Least time between the starts of two reads, seconds (0: none).
+        interval_s: One read per this many seconds on average, in bursts of at most
+            :data:`BURST` (0: no pacing).
     """
 
     def __init__(self, store: Store, interval_s: float) -> None:
@@ -64,17 +69,20 @@ class LiveReads:
         self._wake.set()
 
     async def _loop(self) -> None:
-        last = float("-inf")
+        tokens, filled = BURST, time.monotonic()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            rest = last + self._interval_s - time.monotonic()
-            if rest > 0:
-                await asyncio.sleep(rest)
+            if self._interval_s > 0:
+                now = time.monotonic()
+                tokens, filled = min(BURST, tokens + (now - filled) / self._interval_s), now
+                if tokens < 1:
+                    await asyncio.sleep((1 - tokens) * self._interval_s)
+                    tokens, filled = 1.0, time.monotonic()
             batch = self._take()
             if not batch:
                 continue
-            last = time.monotonic()
+            tokens -= 1
             try:
                 await self._read(batch)
             except Exception:  # a bug: log it, keep serving the other topics, retry these

@@ -95,11 +95,11 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     1 ms costs 43), milliseconds; only a notification that arrives within this time of
     the previous read waits, at most this long; 0 reads at once."""
     live_read_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 10.0
-    """Least time between the starts of two live reads, milliseconds. A live read serves
-    every stream whose notification carried no events (or showed a gap) since the last
-    one, in one ``XREAD`` on a single node, so such deliveries cost a bounded number of
-    Redis commands per second however many streams are live; adds at most this much
-    latency to them; 0 reads as soon as the previous read returned."""
+    """One live read per this many milliseconds on average (in bursts of up to 3). A live
+    read serves every stream whose notification carried no events (or showed a gap) since
+    the last one, in one ``XREAD`` on a single node, so such deliveries cost a bounded
+    number of Redis commands per second however many streams are live; only when reads
+    are wanted more often than that does one wait, at most this long; 0: no pacing."""
     subscribe_timeout_s: PositiveFloat = 5.0
     """How long a reader waits for Redis to confirm its live subscription, seconds."""
     cancel_ttl_s: Positive = 24 * 3600
