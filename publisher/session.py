@@ -258,9 +258,9 @@ class Session:
         if self.projection.public:
             for entry in entries:
                 if self.projection.needs_history(entry):
-                    history = [e async for e in self.store.read_range(self.reader.stream_id, 0, entry.seq - 1)
-                               if e.type == "block.start"]  # only block starts decide; pages are let go as read
-                    self.projection.learn_history(history)
+                    assert entry.block_index is not None
+                    found = await self.store.find_block_start(self.reader.stream_id, entry.seq, entry.block_index)
+                    self.projection.learn_start(entry.block_index, found)
                 if entry.frame and self.projection.visible(entry):
                     sent.append(entry)
                 if entry.terminal:

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FIND_FIRST_COUNT: Final = 64
+"""Entries of the first backward page of :meth:`Store.find_block_start`."""
 _SAFE_TYPE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
@@ -418,18 +420,35 @@ class Store:
         raw: Any = await self.redis.xrange(self.keys.events(stream_id), f"(0-{after_seq}", "+", count=count)
         return list(raw or [])
 
-    async def read_range(self, stream_id: str, after_seq: int, upto_seq: int | None) -> AsyncIterator[Entry]:
-        """Yield every entry with ``after_seq`` < seq <= ``upto_seq`` (``None``: to the end), paged."""
-        cursor = after_seq
-        while True:
-            page = await self.read_after(stream_id, cursor, None)
-            for entry in page:
-                if upto_seq is not None and entry.seq > upto_seq:
-                    return
-                yield entry
-                cursor = entry.seq
-            if len(page) < self.page:
-                return
+    async def find_block_start(self, stream_id: str, before_seq: int, block_index: int) -> Entry | None:
+        """Return the ``block.start`` of block ``block_index`` stored before ``before_seq``, or ``None``.
+
+        Reads backwards, ``XREVRANGE <events> (0-<before_seq> - COUNT <n>`` with ``n``
+        64 and then four times larger per page up to ``page``, and stops at that start,
+        at the start of an earlier block (the normalizer numbers blocks in order of their
+        start, so the one wanted is not stored: trimmed, or never written), or at the
+        first entry. A reader resuming inside a block thus reads back to that block's start
+        only, not the whole history.
+        """
+        upper, count = before_seq, min(self.page, FIND_FIRST_COUNT)
+        while upper > 1:
+            raw: Any = await self.redis.xrevrange(self.keys.events(stream_id), f"(0-{upper}", "-", count=count)
+            below = upper
+            for entry_id, fields in raw or ():
+                seq = _fast_seq(entry_id)
+                if seq is None:  # a foreign id sorts above ours: skip it
+                    continue
+                entry = entry_of(seq, _event_field(fields))
+                if entry.type == "block.start" and entry.block_index is not None:
+                    if entry.block_index == block_index:
+                        return entry
+                    if entry.block_index < block_index:
+                        return None
+                upper = seq
+            if not raw or len(raw) < count or upper == below:
+                return None
+            count = min(self.page, count * 4)
+        return None
 
     async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None]]:
         """Return ``(top seq or None, meta state or None)`` of each stream, in one pipelined round trip.

@@ -3,14 +3,13 @@
 A reasoning block is internal when its ``block.start`` says ``visibility: internal``;
 its start, deltas and stop are then left out of the public projection (CONTRACT.md, "SSE
 projection": the seq gaps this makes are expected). A reader that resumes inside a block
-has not seen its ``block.start``; it asks (:meth:`Projection.needs_history`) for the
-history before its position once, and a reasoning block whose start cannot be found is
-treated as internal (fail closed). Pure: no I/O.
+has not seen its ``block.start``; it asks (:meth:`Projection.needs_history`) for that
+block's start once (the caller searches the history backwards from its position:
+``Store.find_block_start``), and a reasoning block whose start cannot be found is treated
+as internal (fail closed). Pure: no I/O.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from publisher.store import Entry
 from publisher.tokens import Scope
@@ -26,13 +25,13 @@ class Projection:
         scope: The reader's scope.
     """
 
-    __slots__ = ("_history_read", "_internal", "_known", "public")
+    __slots__ = ("_internal", "_known", "_searched", "public")
 
     def __init__(self, scope: Scope) -> None:
         self.public = scope == "public"
         self._known: set[int] | None = None
         self._internal: set[int] | None = None
-        self._history_read = False
+        self._searched: set[int] | None = None
 
     def learn(self, entry: Entry) -> None:
         """Record the visibility of a reasoning ``block.start``; other entries are ignored."""
@@ -46,20 +45,23 @@ class Projection:
                 self._internal = set()
             self._internal.add(entry.block_index)
 
-    def learn_history(self, entries: Iterable[Entry]) -> None:
-        """Record every reasoning ``block.start`` before the reader's position."""
-        for entry in entries:
-            self.learn(entry)
-        self._history_read = True
+    def learn_start(self, block_index: int, start: Entry | None) -> None:
+        """Record what the search for block ``block_index``'s start found (``None``: no start: internal)."""
+        if self._searched is None:
+            self._searched = set()
+        self._searched.add(block_index)
+        if start is not None:
+            self.learn(start)
 
     def needs_history(self, entry: Entry) -> bool:
-        """Return True when deciding ``entry`` needs the history before it (once per response)."""
+        """Return True when deciding ``entry`` needs its block's start from the history (once per block)."""
         return (
             self.public
-            and not self._history_read
             and entry.block_kind == "reasoning"
             and entry.type != "block.start"
+            and entry.block_index is not None
             and (self._known is None or entry.block_index not in self._known)
+            and (self._searched is None or entry.block_index not in self._searched)
         )
 
     def visible(self, entry: Entry) -> bool:
