@@ -69,6 +69,10 @@ FAILURE_LOG_EVERY = 120
 HEARTBEAT_TICKS = 4
 """Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
 ``: ping`` between 1 and 1.25 intervals after its last write."""
+UNSUBSCRIBE_DELAY_S = 0.5
+"""A stream's live channel stays subscribed this long after its last reader left, seconds:
+the channels left meanwhile go in one ``UNSUBSCRIBE``, and a reader that comes back
+within it (a browser reconnecting) finds the subscription still in place."""
 CLOSE_TIMEOUT_S = 2.0
 """Longest wait for the hub's tasks to stop at shutdown, seconds."""
 
@@ -121,6 +125,8 @@ class Hub:
         self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
         self._pending: list[tuple[str, bytes, Topic | None]] = []
         self._flush_due = False
+        self._leaving: set[bytes] = set()
+        """Channels whose last reader left, unsubscribed after :data:`UNSUBSCRIBE_DELAY_S`."""
         self._closing = False
         self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -222,7 +228,16 @@ class Hub:
             return
         del self._topics[topic.stream_id]
         del self._by_channel[topic.channel]
-        self._queue("unsub", topic.channel, None)
+        if not self._leaving:
+            asyncio.get_running_loop().call_later(UNSUBSCRIBE_DELAY_S, self._unsubscribe_left)
+        self._leaving.add(topic.channel)
+
+    def _unsubscribe_left(self) -> None:
+        """Unsubscribe, in one command, the channels left for :data:`UNSUBSCRIBE_DELAY_S` and not joined again."""
+        leaving, self._leaving = self._leaving, set()
+        for channel in sorted(leaving):
+            if channel not in self._by_channel and not self._closing:
+                self._queue("unsub", channel, None)
 
     def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
         """Queue one (un)subscription; everything queued in one loop turn is sent together."""

@@ -7,11 +7,14 @@ import json
 import random
 import socket
 
+import aiohttp
 import pytest
 
+from publisher.hub import UNSUBSCRIBE_DELAY_S
 from publisher.reader import Reader
 from publisher.state import HUB
 from publisher.store import Entry
+from tests.conftest import client_for, delete_prefix
 from tests.publisher.helpers import (
     API_KEY,
     GUARD_S,
@@ -26,11 +29,13 @@ from tests.publisher.helpers import (
     ids,
     make_settings,
     recording_redis,
+    running_publisher,
     start,
     stop,
     text_stream,
     token_for,
 )
+from tests.worker.support import command_calls
 
 # --- B18 ----------------------------------------------------------------------------------------
 
@@ -369,3 +374,48 @@ async def test_live_batches_encoded_once_reach_every_projection_and_coding_exact
     assert b"\r\n" not in tail.split(b"\r\n\r\n", 1)[-1]  # HTTP/1.0: frames as they are, no chunk framing
     for resp in responses:
         resp.close()
+
+
+async def test_streams_left_together_are_unsubscribed_in_one_command(private_node_url, keys):
+    """Every stream whose last reader left within UNSUBSCRIBE_DELAY_S goes in one UNSUBSCRIBE."""
+    client = client_for(private_node_url)
+    sids = [f"st_leave{index}" for index in range(10)]
+    try:
+        for sid in sids:
+            await StreamWriter(client, keys, sid).append(start(sid))
+        async with running_publisher(private_node_url, keys) as base, aiohttp.ClientSession() as http:
+            responses = []
+            for sid in sids:
+                resp = await http.get(f"{base}/v1/streams/{sid}/events", headers=bearer(API_KEY))
+                assert (await SSEClient(resp).next_event())["id"] == "1"
+                responses.append(resp)
+            before = await command_calls(client, "unsubscribe")
+            for resp in responses:
+                resp.close()
+
+            async def all_unsubscribed() -> bool:
+                return all([await _numsub(client, keys.live(sid)) == 0 for sid in sids])
+
+            await eventually(all_unsubscribed)
+            assert await command_calls(client, "unsubscribe") - before == 1
+    finally:
+        await delete_prefix(client, keys.prefix)
+        await client.aclose()
+
+
+async def test_a_reader_back_within_the_delay_keeps_the_subscription(ctx):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(start(ctx.sid))
+    url = ctx.server.url(f"/v1/streams/{ctx.sid}/events")
+    first = await ctx.http.get(url, headers=bearer(API_KEY))
+    assert (await SSEClient(first).next_event())["id"] == "1"
+    first.close()
+    hub = ctx.server.app[HUB]
+    await eventually(lambda: hub.reader_count(ctx.sid) == 0)
+    assert await _numsub(ctx.redis, ctx.keys.live(ctx.sid)) == 1  # still subscribed: within the delay
+    async with ctx.http.get(url, headers=bearer(API_KEY) | {"Last-Event-ID": "1"}) as again:
+        client = SSEClient(again)
+        await asyncio.sleep(UNSUBSCRIBE_DELAY_S * 2)  # the delay passes while this reader holds the stream
+        assert await _numsub(ctx.redis, ctx.keys.live(ctx.sid)) == 1
+        await writer.append(block_start(ctx.sid, 2, 0), done(ctx.sid, 3), full=True)
+        assert ids(await client.events()) == [2, 3]
