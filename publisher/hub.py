@@ -378,10 +378,11 @@ class Hub:
                   if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
         if not topics:
             return
+        sent = [t.fetched for t in topics]
         tops = await self._store.tops([t.stream_id for t in topics])
-        for topic, (top, state) in zip(topics, tops, strict=True):
-            if not topic.live or topic.pending or topic.reading:
-                continue
+        for topic, fetched, (top, state) in zip(topics, sent, tops, strict=True):
+            if not topic.live or topic.pending or topic.reading or topic.fetched != fetched:
+                continue  # entries came meanwhile: the top read may predate them (the next audit looks again)
             if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
                 log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                             topic.stream_id, top, topic.fetched)
