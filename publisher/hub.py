@@ -380,9 +380,13 @@ class Hub:
             return
         sent = [t.fetched for t in topics]
         tops = await self._store.tops([t.stream_id for t in topics])
-        for topic, fetched, (top, state) in zip(topics, sent, tops, strict=True):
+        for topic, fetched, found in zip(topics, sent, tops, strict=True):
             if not topic.live or topic.pending or topic.reading or topic.fetched != fetched:
                 continue  # entries came meanwhile: the top read may predate them (the next audit looks again)
+            if isinstance(found, RedisError):  # this stream's keys only (another type, say)
+                log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
+                continue
+            top, state = found
             if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
                 log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                             topic.stream_id, top, topic.fetched)

@@ -184,9 +184,9 @@ class _HeldPipeline:
     async def __aexit__(self, *exc: object) -> None:
         await self._inner.__aexit__(*exc)
 
-    async def execute(self) -> Any:
+    async def execute(self, **kwargs: Any) -> Any:
         audit = any(args[0] == "HGET" for args, _ in self._inner.command_stack)
-        result = await self._inner.execute()
+        result = await self._inner.execute(**kwargs)
         if audit and self._owner.armed and not self._owner.held.is_set():
             self._owner.held.set()
             await asyncio.sleep(self._owner._hold_s)

@@ -263,3 +263,35 @@ async def test_a_read_owed_when_the_live_set_emptied_does_not_stall_the_next_liv
     async with asyncio.timeout(3.0):
         assert (await b.next_event())["id"] == "5"
     second.close()
+
+
+async def test_a_broken_events_key_does_not_stop_the_audit_of_the_other_streams(ctx):
+    """A quiet stream whose events key became another type must not fail the audit of every stream.
+
+    The good stream's notification is lost; only the audit can find its new entry, and the
+    audit's one pipeline also names the broken key.
+    """
+    server = await ctx.start_app(make_settings(heartbeat_s=0.6))
+    good, bad = f"{ctx.sid}_good", f"{ctx.sid}_bad"
+    for sid in (good, bad):
+        await StreamWriter(ctx.redis, ctx.keys, sid).append(start(sid), notify=False)
+    responses, clients = await _readers(ctx, server, [good, bad])
+    await ctx.redis.delete(ctx.keys.events(bad))
+    await ctx.redis.set(ctx.keys.events(bad), "not a stream")  # no notification: only the audit reads it
+    await StreamWriter(ctx.redis, ctx.keys, good).append(block_start(good, 2, 0), notify=False)  # lost
+    async with asyncio.timeout(GUARD_S):  # heartbeats alone would never end the wait
+        assert (await clients[0].next_event())["id"] == "2"
+    for resp in responses:
+        resp.close()
+
+
+@pytest.mark.topologies
+async def test_tops_gives_a_broken_key_its_own_error(redis_client, keys, topology):
+    store = Store(redis_client, keys, page=10, cluster=topology == "cluster")
+    await redis_client.xadd(keys.events("st_ok"), {"e": encode_event(start("st_ok"))}, id="0-1")
+    await redis_client.hset(keys.meta("st_ok"), "state", "running")
+    await redis_client.set(keys.events("st_str"), "x")
+    ok, broken, missing = await store.tops(["st_ok", "st_str", "st_missing"])
+    assert (ok, missing) == ((1, "running"), (None, None))
+    assert isinstance(broken, Exception)
+    assert "WRONGTYPE" in str(broken)
