@@ -52,6 +52,7 @@ from publisher.shard_links import ShardLinks
 from publisher.store import Store
 from publisher.topic import Topic
 from schema.errors import InternalError
+from worker.redis_client import REDIS_ERRORS
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -368,7 +369,7 @@ class Hub:
             await asyncio.sleep(self._audit_s)
             try:
                 await self._audit()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:  # a cluster client raises RedisClusterException while no node answers
                 log.warning("live audit failed: %s", exc)
 
     async def _audit(self) -> None:
