@@ -168,6 +168,7 @@ def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: st
         try:
             code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
         except TimeoutError:
+            stack.keep_logs = True  # named here: kept after the stack stops
             sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
             return 1
         if args.keep_running:

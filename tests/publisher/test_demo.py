@@ -140,3 +140,15 @@ def test_forget_prefix_matches_its_prefix_literally(redis_url: str, keys, capsys
         finally:
             client.delete(f"{lookalike}:kept", f"{prefix}:mine")
 
+
+def test_a_timed_out_demo_keeps_the_logs_it_points_at(redis_url: str) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", "--timeout-s", "0.2", "--delay-ms", "500"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("demo timed out"))
+    logdir = Path(line.rsplit(" ", 1)[1])
+    try:
+        assert sorted(path.name for path in logdir.iterdir()), "the logs it names are there"
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
