@@ -137,7 +137,7 @@ def forget_prefix(url: str, prefix: str) -> None:
         try:
             for node in await primary_clients(client):
                 try:
-                    async for key in node.scan_iter(match=f"{prefix}:*", count=500):
+                    async for key in node.scan_iter(match=f"{_glob_literal(prefix)}:*", count=500):
                         deleted += int(await client.delete(key))
                 finally:
                     await node.aclose()
@@ -153,6 +153,11 @@ def forget_prefix(url: str, prefix: str) -> None:
     sys.stdout.write(f"removed the demo's {deleted} keys (prefix {prefix}) from REDIS_URL\n")
 
 
+def _glob_literal(text: str) -> str:
+    """Return ``text`` as a SCAN ``MATCH`` pattern that matches only itself (glob characters escaped)."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in text)
+
+
 def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
     """Start ``stack``, run the demo on it, and stop it (after Ctrl-C with ``--keep-running``)."""
     with stack:
@@ -163,6 +168,7 @@ def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: st
         try:
             code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
         except TimeoutError:
+            stack.keep_logs = True  # named here: kept after the stack stops
             sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
             return 1
         if args.keep_running:

@@ -52,6 +52,7 @@ from publisher.shard_links import ShardLinks
 from publisher.store import Store
 from publisher.topic import Topic
 from schema.errors import InternalError
+from worker.redis_client import REDIS_ERRORS
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -383,7 +384,7 @@ class Hub:
             await asyncio.sleep(self._audit_s)
             try:
                 await self._audit()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:  # a cluster client raises RedisClusterException while no node answers
                 log.warning("live audit failed: %s", exc)
 
     async def _audit(self) -> None:
@@ -393,10 +394,15 @@ class Hub:
                   if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
         if not topics:
             return
+        sent = [t.fetched for t in topics]
         tops = await self._store.tops([t.stream_id for t in topics])
-        for topic, (top, state) in zip(topics, tops, strict=True):
-            if not topic.live or topic.pending or topic.reading:
+        for topic, fetched, found in zip(topics, sent, tops, strict=True):
+            if not topic.live or topic.pending or topic.reading or topic.fetched != fetched:
+                continue  # entries came meanwhile: the top read may predate them (the next audit looks again)
+            if isinstance(found, RedisError):  # this stream's keys only (another type, say)
+                log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
                 continue
+            top, state = found
             if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
                 log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                             topic.stream_id, top, topic.fetched)

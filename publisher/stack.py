@@ -82,6 +82,8 @@ class LocalStack:
         self.extra_env = env or {}
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.logdir = Path(tempfile.mkdtemp(prefix="fanout-stack-"))
+        self.keep_logs = False
+        """Keep :attr:`logdir` on exit even when every process stopped cleanly (the caller pointed at it)."""
 
     @property
     def base_url(self) -> str:
@@ -173,7 +175,7 @@ class LocalStack:
         problems = self.stop()
         for problem in problems:
             sys.stderr.write(problem + "\n")
-        if problems or exc_type is not None:
+        if problems or exc_type is not None or self.keep_logs:
             sys.stderr.write(f"process logs kept in {self.logdir}\n")
         else:
             shutil.rmtree(self.logdir, ignore_errors=True)

@@ -450,20 +450,29 @@ class Store:
             count = min(self.page, count * 4)
         return None
 
-    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None]]:
+    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None] | ResponseError]:
         """Return ``(top seq or None, meta state or None)`` of each stream, in one pipelined round trip.
 
         Runs ``XREVRANGE <events> <top of ours> - COUNT 1`` and ``HGET <meta> state`` per
         stream; the top is ``None`` when the stream holds no entry of ours, the state
-        ``None`` when meta is gone.
+        ``None`` when meta is gone. A stream whose key answers a reply error (another
+        type, say) gets that error, so it fails only its own entry.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream_id in stream_ids:
                 pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
                 pipe.hget(self.keys.meta(stream_id), "state")
-            replies = await pipe.execute()
-        return [(seq_of(top[0][0]) if top else None, _text(state) if state is not None else None)
-                for top, state in zip(replies[::2], replies[1::2], strict=True)]
+            replies = await pipe.execute(raise_on_error=False)
+        results: list[tuple[int | None, str | None] | ResponseError] = []
+        for top, state in zip(replies[::2], replies[1::2], strict=True):
+            failed = next((reply for reply in (top, state) if isinstance(reply, Exception)), None)
+            if failed is not None:
+                if not isinstance(failed, ResponseError):
+                    raise failed
+                results.append(failed)
+            else:
+                results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None))
+        return results
 
     async def events_exist(self, stream_id: str) -> bool:
         """Return True when the stream's events key still exists."""

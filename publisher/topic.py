@@ -78,6 +78,7 @@ class Topic:
             self.fetched = reader.cursor
             self.backlog.clear()
             self.staged.clear()
+            self.pending = False  # a read owed after the old live set's position is not owed after this one
             if self.seen > reader.cursor:  # announced, maybe after this reader's last read
                 self.kick()
         self.live.add(reader)

@@ -124,3 +124,31 @@ def test_a_negative_delay_is_a_usage_error() -> None:
     assert done.returncode == 2
     assert "argument --delay-ms: '-5' is below 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_forget_prefix_matches_its_prefix_literally(redis_url: str, keys, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = f"{keys.prefix}?[ab]*"  # glob characters in the prefix are its own text, not a pattern
+    lookalike = f"{keys.prefix}Xa-other"
+    with redis.Redis.from_url(redis_url) as client:
+        client.set(f"{prefix}:mine", "1")
+        client.set(f"{lookalike}:kept", "1")
+        try:
+            forget_prefix(redis_url, prefix)
+            assert capsys.readouterr().out == f"removed the demo's 1 keys (prefix {prefix}) from REDIS_URL\n"
+            assert client.exists(f"{prefix}:mine") == 0
+            assert client.get(f"{lookalike}:kept") == b"1"
+        finally:
+            client.delete(f"{lookalike}:kept", f"{prefix}:mine")
+
+
+def test_a_timed_out_demo_keeps_the_logs_it_points_at(redis_url: str) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", "--timeout-s", "0.2", "--delay-ms", "500"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("demo timed out"))
+    logdir = Path(line.rsplit(" ", 1)[1])
+    try:
+        assert sorted(path.name for path in logdir.iterdir()), "the logs it names are there"
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)

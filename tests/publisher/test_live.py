@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from publisher.live import Notification, encode_notification, parse_notification
 from schema.contract import encode_event
@@ -152,3 +153,75 @@ async def test_reader_far_behind_catches_up_while_others_keep_up(ctx):
     await writer.append(done(ctx.sid, 602), full=True)
     assert ids(await fast.events()) == [602]
     assert ids(await slow.events()) == list(range(2, 603))
+
+
+class _HeldAudit:
+    """Forwards to the real client; once armed, holds the next audit pipeline (``XREVRANGE``, ``HGET``) after it ran."""
+
+    def __init__(self, inner: Any, hold_s: float) -> None:
+        self._inner, self._hold_s = inner, hold_s
+        self.armed = False
+        self.held = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        return _HeldPipeline(self._inner.pipeline(*args, **kwargs), self)
+
+
+class _HeldPipeline:
+    def __init__(self, inner: Any, owner: _HeldAudit) -> None:
+        self._inner, self._owner = inner, owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def __aenter__(self) -> _HeldPipeline:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.__aexit__(*exc)
+
+    async def execute(self, **kwargs: Any) -> Any:
+        audit = any(args[0] == "HGET" for args, _ in self._inner.command_stack)
+        result = await self._inner.execute(**kwargs)
+        if audit and self._owner.armed and not self._owner.held.is_set():
+            self._owner.held.set()
+            await asyncio.sleep(self._owner._hold_s)
+        return result
+
+
+async def test_an_event_delivered_while_the_audit_reads_the_top_is_no_gap(ctx):
+    """The audit's top was read before an append its notification delivered: the top is stale, not lost history.
+
+    Redis answers the audit's ``XREVRANGE`` (top 2), then the worker appends seq 3 and
+    publishes it with its event; the publisher may handle that notification before it
+    resumes the audit (the pub/sub connection is dispatched as it is read). The audit then
+    sees a top below what live readers were sent: that is not history gone.
+    """
+    held: list[_HeldAudit] = []
+
+    def wrap(client: Any) -> _HeldAudit:
+        held.append(_HeldAudit(client, hold_s=0.5))
+        return held[0]
+
+    server = await ctx.start_app(make_settings(heartbeat_s=0.4), wrap_redis=wrap)
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0))
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(API_KEY)) as resp:
+        client = SSEClient(resp)
+        assert [(await client.next_event())["id"] for _ in range(2)] == ["1", "2"]
+        held[0].armed = True
+        async with asyncio.timeout(GUARD_S):
+            await held[0].held.wait()  # the audit read top 2 (the stream was quiet) and is held
+        await writer.append(delta(ctx.sid, 3, 0), full=True)
+        assert (await client.next_event())["id"] == "3"
+        await asyncio.sleep(0.6)  # the audit resumes with its top of 2
+        await writer.append(stop(ctx.sid, 4, 0), done(ctx.sid, 5), full=True)
+        messages = []
+        while (message := await client.message()) is not None:
+            messages.append(message)
+    assert [m.get("event") for m in messages if "data" in m] == ["block.stop", "stream.done"]  # no stream.gap

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from publisher.live_reads import BURST
+from publisher.state import HUB
 from publisher.store import Page, Store
 from schema.contract import encode_event
 from tests.publisher.helpers import (
@@ -20,6 +21,7 @@ from tests.publisher.helpers import (
     bearer,
     block_start,
     delta,
+    eventually,
     make_settings,
     start,
 )
@@ -202,5 +204,95 @@ async def test_read_many_gives_a_broken_key_its_own_error(redis_client, keys):
     ok, broken = await store.read_many([("st_ok", 0), ("st_str", 0)])
     assert isinstance(ok, Page)
     assert [entry.seq for entry in ok] == [1]
+    assert isinstance(broken, Exception)
+    assert "WRONGTYPE" in str(broken)
+
+
+class _SlowHistory:
+    """Forwards to the real client; holds the first ``XRANGE`` of ``key`` from ``slow_min`` for ``hold_s``."""
+
+    def __init__(self, inner: Any, key: str, slow_min: str, hold_s: float) -> None:
+        self._inner, self._key, self._slow_min, self._hold_s = inner, key, slow_min, hold_s
+        self.held = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def xrange(self, name: str, min: str = "-", max: str = "+", count: int | None = None) -> Any:
+        result = await self._inner.xrange(name, min, max, count=count)
+        if name == self._key and min == self._slow_min and not self.held.is_set():
+            self.held.set()
+            await asyncio.sleep(self._hold_s)
+        return result
+
+
+async def test_a_read_owed_when_the_live_set_emptied_does_not_stall_the_next_live_set(ctx):
+    """A topic that still owed a read when its last live reader left must not stall the reader that goes live next.
+
+    Reader A is live; a seq-only notification asks for a read, which waits for the read
+    interval. Before it starts A leaves while B (joined, replaying history up to that seq)
+    is not live yet, so the read is dropped. B then goes live at the top: the next
+    notification carrying its events must reach B at once, not wait in the backlog.
+    """
+    key = ctx.keys.events(ctx.sid)
+    slow: list[_SlowHistory] = []
+
+    def wrap(client: Any) -> _SlowHistory:
+        slow.append(_SlowHistory(client, key, "(0-1", hold_s=1.5))
+        return slow[0]
+
+    server = await ctx.start_app(make_settings(live_read_ms=1000.0, live_batch_ms=0.0), wrap_redis=wrap)
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0), notify=False)
+    first = await ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(API_KEY))
+    a = SSEClient(first)
+    assert [(await a.next_event())["id"] for _ in range(2)] == ["1", "2"]
+    await writer.append(delta(ctx.sid, 3, 0))  # seq-only: a live read, which starts the interval
+    assert (await a.next_event())["id"] == "3"
+    await writer.append(delta(ctx.sid, 4, 0))  # seq-only: a read owed, due a second after the last
+    joining = asyncio.ensure_future(ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"),
+                                                 headers=bearer(API_KEY) | {"Last-Event-ID": "1"}))
+    async with asyncio.timeout(GUARD_S):
+        await slow[0].held.wait()  # B's history read (2..4) is held: B is joined, not live
+    first.close()
+    hub = server.app[HUB]
+    await eventually(lambda: hub.reader_count(ctx.sid) == 1)
+    second = await joining
+    b = SSEClient(second)
+    assert [(await b.next_event())["id"] for _ in range(3)] == ["2", "3", "4"]  # B is live at 4
+    await writer.append(delta(ctx.sid, 5, 0), full=True)  # carries its event: delivered without a read
+    async with asyncio.timeout(3.0):
+        assert (await b.next_event())["id"] == "5"
+    second.close()
+
+
+async def test_a_broken_events_key_does_not_stop_the_audit_of_the_other_streams(ctx):
+    """A quiet stream whose events key became another type must not fail the audit of every stream.
+
+    The good stream's notification is lost; only the audit can find its new entry, and the
+    audit's one pipeline also names the broken key.
+    """
+    server = await ctx.start_app(make_settings(heartbeat_s=0.6))
+    good, bad = f"{ctx.sid}_good", f"{ctx.sid}_bad"
+    for sid in (good, bad):
+        await StreamWriter(ctx.redis, ctx.keys, sid).append(start(sid), notify=False)
+    responses, clients = await _readers(ctx, server, [good, bad])
+    await ctx.redis.delete(ctx.keys.events(bad))
+    await ctx.redis.set(ctx.keys.events(bad), "not a stream")  # no notification: only the audit reads it
+    await StreamWriter(ctx.redis, ctx.keys, good).append(block_start(good, 2, 0), notify=False)  # lost
+    async with asyncio.timeout(GUARD_S):  # heartbeats alone would never end the wait
+        assert (await clients[0].next_event())["id"] == "2"
+    for resp in responses:
+        resp.close()
+
+
+@pytest.mark.topologies
+async def test_tops_gives_a_broken_key_its_own_error(redis_client, keys, topology):
+    store = Store(redis_client, keys, page=10, cluster=topology == "cluster")
+    await redis_client.xadd(keys.events("st_ok"), {"e": encode_event(start("st_ok"))}, id="0-1")
+    await redis_client.hset(keys.meta("st_ok"), "state", "running")
+    await redis_client.set(keys.events("st_str"), "x")
+    ok, broken, missing = await store.tops(["st_ok", "st_str", "st_missing"])
+    assert (ok, missing) == ((1, "running"), (None, None))
     assert isinstance(broken, Exception)
     assert "WRONGTYPE" in str(broken)

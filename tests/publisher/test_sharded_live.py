@@ -430,3 +430,42 @@ async def test_sharded_asked_on_a_single_node_refuses_to_start(single_redis_url:
     with pytest.raises(SettingsError, match="needs a Redis Cluster"):
         await runner.setup()
     await runner.cleanup()
+
+
+@pytest.mark.parametrize("pubsub", ["auto", "classic"])
+async def test_the_hub_outlives_a_cluster_that_was_unreachable(pubsub: str) -> None:
+    """While no node answers, the cluster client raises ``RedisClusterException`` (not a ``RedisError``).
+
+    The classic subscriber connection must reconnect once the cluster is back (a new reader
+    is confirmed), and the audit must keep running, so a lost notification is still repaired.
+    """
+    keys = Keys(prefix=f"outage-{uuid.uuid4().hex[:8]}")
+    with redis_cluster(masters=1) as cluster:
+        client = connect(cluster.url, RedisOptions(cluster=True))
+        try:
+            before, after = f"st_{uuid.uuid4().hex}", f"st_{uuid.uuid4().hex}"
+            await client.xadd(keys.events(before), {"e": encode_event(start(before))}, id="0-1")
+            settings = {"heartbeat_s": 0.4, "live_pubsub": pubsub}
+            async with _publisher(cluster.url, keys, cluster=True, **settings) as base, aiohttp.ClientSession() as http:
+                first = await _open_reader(http, base, before)
+                assert (await first.next_event() or {}).get("id") == "1"
+                for node in cluster.nodes:
+                    node.stop()
+                await asyncio.sleep(1.0)  # several audits of the live stream meet no reachable node
+                for node in cluster.nodes:
+                    node.start()
+                await wait_for(lambda: _cluster_ok(cluster))
+                await client.xadd(keys.events(after), {"e": encode_event(start(after))}, id="0-1")
+                second = await _open_reader(http, base, after)
+                assert (await second.next_event() or {}).get("id") == "1"
+                await client.xadd(keys.events(after), {"e": encode_event(block_start(after, 2, 0))}, id="0-2")
+                async with asyncio.timeout(GUARD_S):  # no notification: only the audit finds seq 2
+                    assert (await second.next_event() or {}).get("id") == "2"
+        finally:
+            await client.aclose()
+
+
+async def _cluster_ok(cluster: RedisClusterServers) -> bool:
+    with contextlib.suppress(redis.RedisError, OSError), cluster.nodes[0].client() as sync:
+        return bool(sync.cluster("info").get("cluster_state") == "ok")
+    return False
