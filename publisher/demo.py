@@ -76,7 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def _at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
     """Return an argparse ``type``: ``kind(text)`` when it is >= ``low``, else a usage error (exit 2)."""
     def parse(text: str) -> int:
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{text!r} is below {low}")
         return value
@@ -86,7 +89,10 @@ def _at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
 def _above(low: float) -> Callable[[str], float]:
     """Return an argparse ``type``: a float strictly above ``low``, else a usage error (exit 2)."""
     def parse(text: str) -> float:
-        value = float(text)
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not value > low:  # also refuses nan
             raise argparse.ArgumentTypeError(f"{text!r} is not above {low:g}")
         return value
@@ -114,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     with redis_url() as url:
         source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
         sys.stdout.write(f"redis: {source}\n")
-        prefix = os.environ.get("FANOUT_REDIS_PREFIX")
+        prefix = os.environ.get("FANOUT_REDIS_PREFIX") or None  # empty: the stack picks a random one
         stack = LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix)
         try:
             return _run_stack(args, stack, url, source)

@@ -311,7 +311,7 @@ class Hub:
             return
         try:
             client = await self._reconnect()
-        except (RedisError, OSError) as exc:
+        except (*REDIS_ERRORS, OSError) as exc:  # the cluster client's own RedisClusterException too
             log.warning("pub/sub: no node to reconnect to yet (%s)", exc)
             return
         try:

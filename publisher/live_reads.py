@@ -29,8 +29,12 @@ import logging
 import time
 from typing import Final
 
+from redis.exceptions import ResponseError
+
+from publisher.reader import CloseReason
 from publisher.store import Store
 from publisher.topic import Topic
+from worker.storage import error_code
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +119,8 @@ class LiveReads:
         finally:
             for topic in batch:
                 topic.reading = False
-        failed = [(topic, page) for topic, page in zip(batch, pages, strict=True) if isinstance(page, BaseException)]
+        failed = [(topic, page) for topic, page in zip(batch, pages, strict=True)
+                  if isinstance(page, BaseException) and not _history_gone(page)]
         if failed:
             log.warning("live read of %d stream(s) failed (%s: %s); retrying in %ss",
                         len(failed), failed[0][0].stream_id, failed[0][1], RETRY_S)
@@ -125,14 +130,20 @@ class LiveReads:
                 loop.call_later(RETRY_S, self._retry, topic)
         for topic, start, page in zip(batch, starts, pages, strict=True):
             if isinstance(page, BaseException):
+                if _history_gone(page):
+                    _end_live(topic, "gap", f"its events key holds another type ({page})")
                 continue
-            if topic.fetched != start:  # its live set emptied and restarted meanwhile
-                topic.pending = True
-            else:
-                topic.offer(page)
-                if len(page) >= self._store.page:  # more stored after this page
+            try:
+                if topic.fetched != start:  # its live set emptied and restarted meanwhile
                     topic.pending = True
-            self._settle(topic)
+                else:
+                    topic.offer(page)
+                    if len(page) >= self._store.page:  # more stored after this page
+                        topic.pending = True
+                self._settle(topic)
+            except Exception:  # a bug: this stream's readers reconnect and resume; the others go on
+                log.exception("live delivery of stream %s failed", topic.stream_id)
+                _end_live(topic, "shutdown", "a delivery failed")
 
     def _retry(self, topic: Topic) -> None:
         topic.reading = False
@@ -143,3 +154,20 @@ class LiveReads:
         topic.after_read()
         if topic.pending and topic.live:
             self.want(topic)
+
+
+def _history_gone(error: BaseException) -> bool:
+    """Return True for a read refused because the events key now holds another type (its history is gone)."""
+    return isinstance(error, ResponseError) and error_code(error) == "WRONGTYPE"
+
+
+def _end_live(topic: Topic, reason: CloseReason, why: str) -> None:
+    """Close every live reader of ``topic`` (``gap``: each gets ``stream.gap``, then its response ends)."""
+    log.warning("stream %s: closing its %d live reader(s) with %s: %s", topic.stream_id, len(topic.live), reason, why)
+    for reader in list(topic.live):
+        if reason == "gap":
+            reader.fail_gap(None)
+        else:
+            reader.close(reason)
+    topic.live.clear()
+    topic.pending = False

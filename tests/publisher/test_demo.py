@@ -51,7 +51,7 @@ def test_announcement_for_the_embedded_server_names_its_socket() -> None:
 
 
 def test_keep_running_prints_urls_first_and_the_page_works_while_the_streams_run(redis_url: str) -> None:
-    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "FANOUT_REDIS_PREFIX": ""}  # empty: unset
     demo = subprocess.Popen([sys.executable, "-m", "fanout_cli", "demo", "--keep-running", "--delay-ms", "500"],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     lines: list[str] = []
@@ -118,11 +118,18 @@ def test_forget_prefix_reports_an_unreachable_redis(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.startswith("could not remove the demo's keys (prefix fanout-stack-gone): ")
 
 
-def test_a_negative_delay_is_a_usage_error() -> None:
-    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", "--delay-ms", "-5"], capture_output=True,
+@pytest.mark.parametrize(("argument", "value", "why"), [
+    ("--delay-ms", "-5", "'-5' is below 0"),
+    ("--delay-ms", "abc", "'abc' is not a whole number"),
+    ("--chunk-bytes", "0", "'0' is below 1"),
+    ("--timeout-s", "nan", "'nan' is not above 0"),
+    ("--timeout-s", "soon", "'soon' is not a number"),
+])
+def test_a_bad_demo_argument_is_a_usage_error(argument: str, value: str, why: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", argument, value], capture_output=True,
                           text=True, cwd=ROOT, timeout=60, check=False)
     assert done.returncode == 2
-    assert "argument --delay-ms: '-5' is below 0" in done.stderr
+    assert f"argument {argument}: {why}" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
+import json
 import time
 from typing import Any
 
@@ -12,6 +12,7 @@ import pytest
 from publisher.live_reads import BURST
 from publisher.state import HUB
 from publisher.store import Page, Store
+from publisher.topic import Topic
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,
@@ -151,19 +152,7 @@ async def test_a_full_page_is_followed_by_the_next_read(ctx):
         assert [(await client.next_event())["id"] for _ in range(10)] == [str(seq) for seq in range(2, 12)]
 
 
-class _Heard(logging.Handler):
-    """Sets ``event`` once a record whose message holds ``needle`` is logged."""
-
-    def __init__(self, needle: str) -> None:
-        super().__init__(logging.WARNING)
-        self.needle, self.event = needle, asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.needle in record.getMessage():
-            self.event.set()
-
-
-async def test_a_broken_events_key_fails_only_its_own_stream(ctx):
+async def test_a_stream_whose_events_key_changed_type_gets_a_gap_and_the_others_go_on(ctx):
     good, bad = f"{ctx.sid}_good", f"{ctx.sid}_bad"
     for sid in (good, bad):
         await StreamWriter(ctx.redis, ctx.keys, sid).append(start(sid), notify=False)
@@ -171,16 +160,37 @@ async def test_a_broken_events_key_fails_only_its_own_stream(ctx):
     await ctx.redis.delete(ctx.keys.events(bad))
     await ctx.redis.set(ctx.keys.events(bad), "not a stream")  # every XREAD naming it fails WRONGTYPE
     await ctx.redis.xadd(ctx.keys.events(good), {"e": encode_event(block_start(good, 2, 0))}, id="0-2")
-    heard = _Heard(bad)
-    logger = logging.getLogger("publisher.live_reads")
-    logger.addHandler(heard)
-    try:
-        await _notify_all(ctx, await live_mode(ctx.redis), [good, bad], b"2")
-        assert (await clients[0].next_event())["id"] == "2"
-        async with asyncio.timeout(GUARD_S):  # the broken stream's read failed, and was logged
-            await heard.event.wait()
-    finally:
-        logger.removeHandler(heard)
+    await _notify_all(ctx, await live_mode(ctx.redis), [good, bad], b"2")
+    assert (await clients[0].next_event())["id"] == "2"
+    messages = []
+    async with asyncio.timeout(GUARD_S):  # its history is gone: stream.gap, then the response ends
+        while (message := await clients[1].message()) is not None:
+            messages.append(message)
+    assert messages[-1]["event"] == "stream.gap"
+    assert json.loads(messages[-1]["data"])["after_seq"] == 1
+    for resp in responses:
+        resp.close()
+
+
+async def test_a_failing_delivery_ends_only_its_own_streams_readers(ctx, monkeypatch):
+    good, bad = f"{ctx.sid}_good", f"{ctx.sid}_bad"
+    for sid in (good, bad):
+        await StreamWriter(ctx.redis, ctx.keys, sid).append(start(sid), notify=False)
+    responses, clients = await _readers(ctx, ctx.server, [good, bad])
+    offer = Topic.offer
+
+    def offer_or_fail(topic: Topic, entries: list[Any]) -> None:
+        if topic.stream_id == bad:
+            raise RuntimeError("a bug in the delivery of one stream")
+        offer(topic, entries)
+
+    monkeypatch.setattr(Topic, "offer", offer_or_fail)
+    for sid in (good, bad):
+        await ctx.redis.xadd(ctx.keys.events(sid), {"e": encode_event(block_start(sid, 2, 0))}, id="0-2")
+    await _notify_all(ctx, await live_mode(ctx.redis), [bad, good], b"2")  # one batch, the failing one first
+    assert (await clients[0].next_event())["id"] == "2"
+    async with asyncio.timeout(GUARD_S):  # closed: its client reconnects and resumes
+        assert await clients[1].message() is None
     for resp in responses:
         resp.close()
 
