@@ -35,13 +35,14 @@ from aiohttp.web_protocol import RequestHandler
 from opentelemetry import trace
 
 from publisher.auth import authorize_read
+from publisher.entries import Entry, Page
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
 from publisher.session import Session
 from publisher.sse import SSE_HEADERS, busy_body, retry_frame
 from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
-from publisher.store import Entry, Page, StreamInfo
+from publisher.store import StreamInfo
 from publisher.tokens import Scope
 from publisher.visibility import Projection
 from schema.errors import InternalError

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Literal
 
-from publisher.store import Entry
+from publisher.entries import Entry
 
 CloseReason = Literal["overflow", "gap", "shutdown", "end"]
 """Why a reader stopped: its queue overflowed, stored history skipped seqs, shutdown, or

@@ -34,10 +34,11 @@ from typing import Final
 import msgspec
 from aiohttp import web
 
+from publisher.entries import Entry, Page
 from publisher.hub import Hub
 from publisher.reader import Reader, Shared
 from publisher.sse import GAP_EVENT, PING, error_frame
-from publisher.store import Entry, Page, Store
+from publisher.store import Store
 from publisher.telemetry import Telemetry
 from publisher.visibility import Projection
 from schema.contract import TERMINAL_TYPES

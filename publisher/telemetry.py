@@ -22,7 +22,7 @@ from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, red
 from worker.otel_setup import providers_from_env as _providers_from_env
 
 if TYPE_CHECKING:
-    from publisher.store import Entry
+    from publisher.entries import Entry
 
 SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Final, Literal
 
+from publisher.entries import Entry, entry_of
 from publisher.live import Notification
 from publisher.reader import Reader, Shared
-from publisher.store import Entry, entry_of
 
 BACKLOG_MAX: Final = 64
 """Notifications kept while a repair read is in flight; past it they are dropped (the

@@ -34,13 +34,13 @@ from typing import Final
 from aiohttp import web
 
 from publisher.auth import authorize_read
+from publisher.entries import Entry
 from publisher.events import check_first_page
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
 from publisher.sse import PING
 from publisher.state import GATE, HUB, SETTINGS, STORE
-from publisher.store import Entry
 from publisher.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
 from publisher.visibility import Projection
 from schema.contract import decode_event

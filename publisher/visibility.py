@@ -11,7 +11,7 @@ as internal (fail closed). Pure: no I/O.
 
 from __future__ import annotations
 
-from publisher.store import Entry
+from publisher.entries import Entry
 from publisher.tokens import Scope
 
 

@@ -10,10 +10,10 @@ import socket
 import aiohttp
 import pytest
 
+from publisher.entries import Entry
 from publisher.hub import UNSUBSCRIBE_DELAY_S
 from publisher.reader import Reader
 from publisher.state import HUB
-from publisher.store import Entry
 from tests.conftest import client_for, delete_prefix
 from tests.publisher.helpers import (
     API_KEY,

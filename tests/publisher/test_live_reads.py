@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from publisher.entries import Page
 from publisher.live_reads import BURST
 from publisher.state import HUB
-from publisher.store import Page, Store
+from publisher.store import Store
 from publisher.topic import Topic
 from schema.contract import encode_event
 from tests.publisher.helpers import (

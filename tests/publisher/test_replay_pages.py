@@ -7,8 +7,9 @@ import asyncio
 import msgspec
 import pytest
 
+from publisher.entries import entries_of, parse_entry
 from publisher.state import HUB
-from publisher.store import Store, entries_of, parse_entry
+from publisher.store import Store
 from tests.publisher.helpers import (
     API_KEY,
     HookedRedis,
