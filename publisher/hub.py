@@ -2,7 +2,7 @@
 
 Readers of a stream share a :class:`~publisher.topic.Topic`. The first reader subscribes
 the stream's live channel (``P:{id}:live``; payload: the appended events, or only the
-last seq, :mod:`publisher.live`); the last one to leave unsubscribes. A reader joins
+last seq, :mod:`publisher.live`); it is unsubscribed :data:`UNSUBSCRIBE_DELAY_S` after the last one left. A reader joins
 *before* it reads history, and :meth:`Hub.join` returns only once Redis has confirmed
 the subscription (a ``PING`` sent after ``SUBSCRIBE`` on the same connection comes back
 after it), so nothing appended between the history read and the live tail is missed.
@@ -13,11 +13,9 @@ for one read after the topic's ``fetched`` for all of them; the reads of every t
 that asked are made together (:class:`publisher.live_reads.LiveReads`).
 
 Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
-interval), not one per response. An audit runs every half heartbeat interval over the topics that heard nothing for that
-long: one pipelined ``XREVRANGE <events> + - COUNT 1`` each. A top above ``fetched`` (a
-lost notification) is read; no events at all, or a top below ``fetched`` (Redis lost
-data), closes the topic's live readers with ``gap``, so each learns within one
-heartbeat interval.
+interval), not one per response. Every half heartbeat interval the topics that heard
+nothing for that long are audited (:mod:`publisher.audit`): a lost notification is read,
+lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
@@ -44,6 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from publisher.audit import audit
 from publisher.live import parse_notification
 from publisher.live_reads import LiveReads
 from publisher.pubsub import Endpoint, PubSubLink, endpoint_of
@@ -383,52 +382,9 @@ class Hub:
         while not self._closing:
             await asyncio.sleep(self._audit_s)
             try:
-                await self._audit()
+                await audit(self._store, list(self._topics.values()), self._audit_s)
             except REDIS_ERRORS as exc:  # a cluster client raises RedisClusterException while no node answers
                 log.warning("live audit failed: %s", exc)
-
-    async def _audit(self) -> None:
-        """Check the stored top of every live topic that heard nothing for an audit interval."""
-        quiet_since = time.monotonic() - self._audit_s
-        topics = [t for t in self._topics.values()
-                  if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
-        if not topics:
-            return
-        sent = [t.fetched for t in topics]
-        tops = await self._store.tops([t.stream_id for t in topics])
-        for topic, fetched, found in zip(topics, sent, tops, strict=True):
-            if not topic.live or topic.pending or topic.reading or topic.fetched != fetched:
-                continue  # entries came meanwhile: the top read may predate them (the next audit looks again)
-            if isinstance(found, RedisError):  # this stream's keys only (another type, say)
-                log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
-                continue
-            top, state = found
-            if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
-                log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
-                            topic.stream_id, top, topic.fetched)
-                for reader in list(topic.live):
-                    reader.fail_gap(None)
-                topic.live.clear()
-            elif top is not None and top > topic.fetched:
-                topic.kick()
-            elif state == "done" and top is not None:
-                self._end_unterminated(topic, top)
-
-    @staticmethod
-    def _end_unterminated(topic: Topic, top: int) -> None:
-        """End the readers of a stream that ended with no terminal event (storage refused it).
-
-        The worker then marks meta ``state=done`` with the status instead
-        (``worker.salvage``); a reader holding the top is closed, so its response ends and
-        its reconnect gets the 204 while the status route shows the status.
-        """
-        done = [reader for reader in topic.live if reader.cursor >= top]
-        if done:
-            log.warning("stream %s ended at seq %s without a terminal event (storage refused it)", topic.stream_id, top)
-        for reader in done:
-            reader.close("end")
-            topic.live.discard(reader)
-
 
 def _runs(batch: Sequence[tuple[str, bytes, Topic | None]]) -> list[tuple[str, list[tuple[bytes, Topic | None]]]]:
     """Group consecutive commands of one kind, keeping their order: ``[(op, [(channel, topic)])]``."""

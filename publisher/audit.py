@@ -1,0 +1,71 @@
+"""The live audit: what a topic that heard nothing for a while learns from the stored top.
+
+Every half heartbeat interval the hub audits its live topics that received no
+notification for that long: one pipelined ``XREVRANGE <events> <top of ours> - COUNT 1``
+and ``HGET <meta> state`` each (:meth:`publisher.store.Store.tops`). A top above
+``fetched`` is a lost notification: the topic reads. No events at all, or a top below
+``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
+within one heartbeat interval. A stream marked ``done`` with no terminal event (storage
+refused it) ends the readers that hold its top. A topic that received entries while its
+top was being read is left for the next audit, and one stream's failing keys skip only
+that stream. Follows the Redis pages of XREVRANGE and HGET.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from redis.exceptions import RedisError
+
+from publisher.store import Store
+from publisher.topic import Topic
+
+log = logging.getLogger("publisher.hub")
+
+
+async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:
+    """Check the stored top of every live topic that heard nothing for ``quiet_s`` seconds.
+
+    Raises:
+        redis.exceptions.RedisError, redis.exceptions.RedisClusterException: The
+            pipelined read failed as a whole (the caller logs it and audits again later).
+    """
+    quiet_since = time.monotonic() - quiet_s
+    topics = [t for t in topics if t.live and t.heard_s <= quiet_since and not t.pending and not t.reading]
+    if not topics:
+        return
+    sent = [t.fetched for t in topics]
+    tops = await store.tops([t.stream_id for t in topics])
+    for topic, fetched, found in zip(topics, sent, tops, strict=True):
+        if not topic.live or topic.pending or topic.reading or topic.fetched != fetched:
+            continue  # entries came meanwhile: the top read may predate them (the next audit looks again)
+        if isinstance(found, RedisError):  # this stream's keys only (another type, say)
+            log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
+            continue
+        top, state = found
+        if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
+            log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
+                        topic.stream_id, top, topic.fetched)
+            for reader in list(topic.live):
+                reader.fail_gap(None)
+            topic.live.clear()
+        elif top is not None and top > topic.fetched:
+            topic.kick()
+        elif state == "done" and top is not None:
+            _end_unterminated(topic, top)
+
+
+def _end_unterminated(topic: Topic, top: int) -> None:
+    """End the readers of a stream that ended with no terminal event (storage refused it).
+
+    The worker then marks meta ``state=done`` with the status instead
+    (``worker.salvage``); a reader holding the top is closed, so its response ends and
+    its reconnect gets the 204 while the status route shows the status.
+    """
+    done = [reader for reader in topic.live if reader.cursor >= top]
+    if done:
+        log.warning("stream %s ended at seq %s without a terminal event (storage refused it)", topic.stream_id, top)
+    for reader in done:
+        reader.close("end")
+        topic.live.discard(reader)
