@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from schema.contract import Event, encode_event
 from tests.publisher.helpers import (
     SSEClient,
@@ -70,28 +72,23 @@ def _text_block(sid: str) -> list[Event]:
     return events
 
 
-async def test_resume_inside_a_public_reasoning_block_reads_back_to_its_start_only(ctx):
+@pytest.mark.parametrize(("visibility", "deltas", "back", "shown"), [
+    ("public", 5, 2, True),  # a public block: its deltas after the position are shown
+    ("internal", 99, 50, False),  # an internal one stays hidden
+])
+async def test_resume_inside_a_reasoning_block_reads_back_to_its_start_only(ctx, visibility, deltas, back, shown):
     sid, first = ctx.sid, EARLIER + 4
     events = _text_block(sid)
-    events.append(block_start(sid, first, 1, "reasoning", "public"))
-    events += [delta(sid, first + i, 1, "think", "reasoning") for i in range(1, 6)]
-    events += [stop(sid, first + 6, 1, "reasoning"), done(sid, first + 7)]
+    events.append(block_start(sid, first, 1, "reasoning", visibility))
+    events += [delta(sid, first + i, 1, "think", "reasoning") for i in range(1, deltas + 1)]
+    end = first + deltas + 1
+    events += [stop(sid, end, 1, "reasoning"), done(sid, end + 1)]
     await _store(ctx, events)
-    got, read = await _resume(ctx, first + 2)  # inside block 1, after its start
-    assert got == list(range(first + 3, first + 8))  # public reasoning is shown
-    assert read <= 64, f"read {read} entries backwards"  # one small page, not the {EARLIER} before it
-
-
-async def test_resume_inside_an_internal_block_stays_hidden_and_reads_little(ctx):
-    sid, first = ctx.sid, EARLIER + 4
-    events = _text_block(sid)
-    events.append(block_start(sid, first, 1, "reasoning", "internal"))
-    events += [delta(sid, first + i, 1, "secret", "reasoning") for i in range(1, 100)]
-    events += [stop(sid, first + 100, 1, "reasoning"), done(sid, first + 101)]
-    await _store(ctx, events)
-    got, read = await _resume(ctx, first + 50)
-    assert got == [first + 101]
-    assert read <= 64 + 256
+    got, read = await _resume(ctx, first + back)  # inside block 1, after its start
+    assert got == (list(range(first + back + 1, end + 2)) if shown else [end + 1])
+    assert read <= 64 + 256, f"read {read} entries backwards"  # a page or two, not the {EARLIER} before it
+    if back < 64:
+        assert read <= 64  # one small page
 
 
 async def test_a_block_whose_start_is_gone_is_hidden_and_the_search_stops_at_the_block_before(ctx):
