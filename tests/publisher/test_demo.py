@@ -124,3 +124,12 @@ def test_a_negative_delay_is_a_usage_error() -> None:
     assert done.returncode == 2
     assert "argument --delay-ms: '-5' is below 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [("--delay-ms", "abc", "'abc' is not a whole number (>= 0)"),
+                                                     ("--timeout-s", "soon", "'soon' is not a number (> 0)")])
+def test_a_non_numeric_value_is_a_usage_error_that_says_so(flag: str, value: str, says: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", flag, value], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"argument {flag}: {says}" in done.stderr
