@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import socket
 import sys
 from collections.abc import Sequence
 
+from fanout_client.errors import EXIT_BROKEN_PIPE
 from schema.cli import EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 
 DESCRIPTION = "fanout: normalize LLM provider streams into one ordered, resumable event stream."
@@ -67,7 +69,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def exit_epilog(command: str) -> str:
     """Return the ``exit status:`` section of a command's help text."""
-    codes = {**EXIT_STATUSES[command], EXIT_INTERRUPTED: "interrupted (Ctrl-C)"}
+    codes = {**EXIT_STATUSES[command], EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+             EXIT_BROKEN_PIPE: "standard output was closed early (| head): stopped quietly"}
     return "exit status:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in codes.items())
 
 
@@ -108,10 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(args_list).parse_args(args_list)
     try:
         code: int = importlib.import_module(args.module).run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
     except CommandError as exc:
         return _fail(args, exc.message, exc.exit_status)
     except KeyboardInterrupt:
         return _fail(args, "interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:  # stdout's reader left (``fanout tail ... | head``): stop quietly
+        return quiet_broken_pipe()
     except OSError as exc:
         return _fail(args, _os_error_message(args, exc), EXIT_USAGE)
     return code
@@ -140,6 +146,22 @@ def _os_error_message(args: argparse.Namespace, exc: OSError) -> str:
     if exc.filename is not None:
         return f"cannot read {exc.filename}: {exc.strerror or exc}"
     raise exc
+
+
+def quiet_broken_pipe() -> int:
+    """Point standard output at ``/dev/null`` after its reader left; return ``EXIT_BROKEN_PIPE``.
+
+    Without it the interpreter's final flush of ``sys.stdout`` raises ``BrokenPipeError``
+    again and prints "Exception ignored".
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

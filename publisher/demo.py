@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -60,6 +59,9 @@ DROPPED_CASE: Final = "thinking_with_signature"
 """The case whose reader is dropped mid-stream and resumed with ``Last-Event-ID``."""
 DROP_AFTER_EVENTS: Final = 4
 """Events the dropped reader takes before its connection is cut."""
+QUICK_STOP: Final = {"FANOUT_SHUTDOWN_WINDOW_S": "1", "FANOUT_DRAIN_S": "1"}
+"""Defaults for the demo's processes (a variable you set wins): Ctrl-C stops the stack in about
+a second, not after the production drain (25 s) and SSE close window (10 s)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -79,7 +81,7 @@ def _at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (>= {low})") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{text!r} is below {low}")
         return value
@@ -92,7 +94,7 @@ def _above(low: float) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number (> {low:g})") from None
         if not value > low:  # also refuses nan
             raise argparse.ArgumentTypeError(f"{text!r} is not above {low:g}")
         return value
@@ -119,9 +121,11 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(args: argparse.Namespace) -> int:
     with redis_url() as url:
         source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
-        sys.stdout.write(f"redis: {source}\n")
+        shown = f"{_mask_password(url)} (REDIS_URL)" if source == "REDIS_URL" else source
+        sys.stdout.write(f"redis: {shown}\n")
         prefix = os.environ.get("FANOUT_REDIS_PREFIX") or None  # empty: the stack picks a random one
-        stack = LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix)
+        stack = LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix,
+                           env={name: os.environ.get(name, value) for name, value in QUICK_STOP.items()})
         try:
             return _run_stack(args, stack, url, source)
         finally:
@@ -167,24 +171,37 @@ def _glob_literal(text: str) -> str:
 def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
     """Start ``stack``, run the demo on it, and stop it (after Ctrl-C with ``--keep-running``)."""
     with stack:
-        sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
-        if args.keep_running:
-            sys.stdout.write(announcement(stack, url, source) + "\n")
-            sys.stdout.flush()
         try:
-            code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
-        except TimeoutError:
-            stack.keep_logs = True  # named here: kept after the stack stops
-            sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
-            return 1
-        if args.keep_running:
-            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C or SIGTERM: the normal way to stop
-                sys.stdout.write(f"\nthe stack is still running: {stack.base_url}/demo "
-                                 "(Ctrl-C or SIGTERM stops it)\n")
-                sys.stdout.flush()
-                while stack.alive():
-                    time.sleep(1)
-        return code
+            return _demo_on(args, stack, url, source)
+        except KeyboardInterrupt:
+            sys.stdout.write("stopping every process the demo started ...\n")
+            sys.stdout.flush()
+            raise
+
+
+def _demo_on(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
+    """Run the demo streams on the started ``stack``; with ``--keep-running`` wait for Ctrl-C after."""
+    sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+    if args.keep_running:
+        sys.stdout.write(announcement(stack, url, source) + "\n")
+        sys.stdout.flush()
+    try:
+        code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
+    except TimeoutError:
+        stack.keep_logs = True
+        sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
+        return 1
+    if args.keep_running:
+        try:  # Ctrl-C or SIGTERM: the normal way to stop
+            sys.stdout.write(f"\nthe stack is still running: {stack.base_url}/demo "
+                             "(Ctrl-C or SIGTERM stops it)\n")
+            sys.stdout.flush()
+            while stack.alive():
+                time.sleep(1)
+        except KeyboardInterrupt:
+            sys.stdout.write("stopping every process the demo started ...\n")
+            sys.stdout.flush()
+    return code
 
 
 def announcement(stack: LocalStack, url: str, source: str) -> str:

@@ -116,7 +116,10 @@ def settings_from_env(environ: Mapping[str, str], **overrides: object) -> Publis
     Raises:
         SettingsError: A malformed variable, or a missing secret outside dev mode.
     """
-    return resolve_secrets(load_settings(PublisherSettings, environ, **overrides))
+    settings = load_settings(PublisherSettings, environ, **overrides)
+    if not settings.api_keys:
+        log.warning("FANOUT_API_KEYS is empty: every job submission will be refused (401)")
+    return resolve_secrets(settings)
 
 
 def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:
@@ -130,8 +133,6 @@ def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:
         SettingsError: No ``FANOUT_TOKEN_SECRET`` outside dev mode, or one shorter than
             :data:`MIN_SECRET_CHARS`. The process must not start.
     """
-    if not settings.api_keys:
-        log.warning("FANOUT_API_KEYS is empty: every job submission will be refused (401)")
     if settings.token_secret:
         if len(settings.token_secret) < MIN_SECRET_CHARS:
             raise SettingsError(f"FANOUT_TOKEN_SECRET must have at least {MIN_SECRET_CHARS} characters")

@@ -83,7 +83,7 @@ class LocalStack:
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.logdir = Path(tempfile.mkdtemp(prefix="fanout-stack-"))
         self.keep_logs = False
-        """Keep :attr:`logdir` on exit even when every process stopped cleanly (the caller pointed at it)."""
+        """Keep :attr:`logdir` on exit even when nothing failed (set by a caller that pointed a person at it)."""
 
     @property
     def base_url(self) -> str:
@@ -175,7 +175,8 @@ class LocalStack:
         problems = self.stop()
         for problem in problems:
             sys.stderr.write(problem + "\n")
-        if problems or exc_type is not None or self.keep_logs:
+        failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)  # Ctrl-C is a normal stop
+        if problems or failed or self.keep_logs:
             sys.stderr.write(f"process logs kept in {self.logdir}\n")
         else:
             shutil.rmtree(self.logdir, ignore_errors=True)

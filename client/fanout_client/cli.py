@@ -27,6 +27,7 @@ import msgspec
 from fanout_client.client import NOT_A_ROUTE, FanoutClient, base_url_problem
 from fanout_client.contract import PROVIDERS, encode_event
 from fanout_client.errors import (
+    EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REFUSED,
@@ -281,10 +282,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
     args = parser.parse_args(argv)
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
     except CommandError as exc:
         sys.stderr.write(f"fanout-client {args.command}: {exc.message}\n")
         return exc.exit_status
     except KeyboardInterrupt:
         sys.stderr.write(f"fanout-client {args.command}: interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader left (| head): stop quietly
+        return quiet_broken_pipe()
+    return code
+
+
+def quiet_broken_pipe() -> int:
+    """Point standard output at ``/dev/null`` after its reader left; return ``EXIT_BROKEN_PIPE``.
+
+    Without it the interpreter's final flush of ``sys.stdout`` raises ``BrokenPipeError``
+    again and prints "Exception ignored".
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE

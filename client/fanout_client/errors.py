@@ -26,6 +26,8 @@ EXIT_UNREACHABLE: Final = 4
 """A service the command needs does not answer: the publisher (``FANOUT_URL``) or Redis (``REDIS_URL``)."""
 EXIT_INTERRUPTED: Final = 130
 """Ctrl-C (SIGINT) in a command that does not drain on it, as shells report it."""
+EXIT_BROKEN_PIPE: Final = 141
+"""Standard output was closed early (``fanout tail ... | head``): the command stops quietly, as SIGPIPE would."""
 
 
 class FanoutError(Exception):

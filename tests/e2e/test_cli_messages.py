@@ -217,6 +217,19 @@ def test_replay_of_a_directory_says_to_give_a_file() -> None:
     one_line(fanout("replay", "transcripts/anthropic"), 2, "is a directory")
 
 
+def test_output_closed_early_stops_quietly_with_141() -> None:
+    """``fanout replay ... | head -1``: the reader left; no traceback, no "Exception ignored", exit 141."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "fanout_cli", "replay", "transcripts/anthropic/simple_text.sse"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == "", done.stderr
+
+
 @pytest.mark.parametrize("directory", ["gemini_sse", "gemini_json_array"])
 def test_replay_provider_gemini_detects_the_framing(directory: str) -> None:
     for path in sorted((ROOT / "transcripts" / directory).glob("*.sse")):

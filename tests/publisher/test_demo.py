@@ -120,10 +120,10 @@ def test_forget_prefix_reports_an_unreachable_redis(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize(("argument", "value", "why"), [
     ("--delay-ms", "-5", "'-5' is below 0"),
-    ("--delay-ms", "abc", "'abc' is not a whole number"),
+    ("--delay-ms", "abc", "'abc' is not a whole number (>= 0)"),
     ("--chunk-bytes", "0", "'0' is below 1"),
     ("--timeout-s", "nan", "'nan' is not above 0"),
-    ("--timeout-s", "soon", "'soon' is not a number"),
+    ("--timeout-s", "soon", "'soon' is not a number (> 0)"),
 ])
 def test_a_bad_demo_argument_is_a_usage_error(argument: str, value: str, why: str) -> None:
     done = subprocess.run([sys.executable, "-m", "fanout_cli", "demo", argument, value], capture_output=True,
