@@ -11,7 +11,7 @@ port or unix socket, username, password, TLS, client name), so it shows in
 ``CLIENT LIST`` under the publisher's name.
 
 Follows the Redis pages "Redis serialization protocol specification" (RESP2),
-"Pub/Sub", AUTH, CLIENT SETNAME and PING.
+"Pub/Sub", AUTH (the two-argument ACL form, Redis 6+), CLIENT SETNAME and PING.
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ class PubSubLink:
         self._protocol = protocol
         commands = []
         if point.password is not None:
-            commands.append(("AUTH", point.username, point.password) if point.username else ("AUTH", point.password))
+            # the ACL form, as redis-py's own connections send it (HELLO ... AUTH default <password>): a
+            # password in REDIS_URL for a server without one is accepted the same way on both connections
+            commands.append(("AUTH", point.username or "default", point.password))
         if point.client_name:
             commands.append(("CLIENT", "SETNAME", point.client_name))
         for command in commands:

@@ -1,0 +1,60 @@
+"""The publisher's own pub/sub connection authenticates as redis-py's connections do: live events flow.
+
+Each case runs a private node configured after start (``CONFIG SET requirepass``, ``ACL
+SETUSER``), a publisher whose ``REDIS_URL`` carries the credentials, and one reader that
+must get an event appended after it went live, so the event came over the live channel.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import aiohttp
+import pytest
+
+from schema.keys import Keys
+from tests.conftest import client_for
+from tests.publisher.helpers import (
+    API_KEY,
+    GUARD_S,
+    SSEClient,
+    StreamWriter,
+    bearer,
+    block_start,
+    running_publisher,
+    start,
+)
+from tests.redis_servers import redis_node
+
+
+async def _live_event_arrives(url: str) -> list[int]:
+    keys = Keys(prefix=f"auth-{uuid.uuid4().hex[:8]}")
+    client = client_for(url)
+    sid = "st_auth"
+    try:
+        writer = StreamWriter(client, keys, sid)
+        await writer.append(start(sid))
+        async with running_publisher(url, keys) as base, aiohttp.ClientSession() as http, \
+                http.get(f"{base}/v1/streams/{sid}/events", headers=bearer(API_KEY),
+                         timeout=aiohttp.ClientTimeout(total=GUARD_S)) as resp:
+            reader = SSEClient(resp)
+            assert (await reader.next_event() or {}).get("id") == "1"
+            await writer.append(block_start(sid, 2, 0), full=True)  # reaches the reader only over pub/sub
+            return [int((await reader.next_event() or {}).get("id", "0"))]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("setup", ["requirepass", "acl-user", "no-password-configured"])
+async def test_live_events_flow_with_the_credentials_of_redis_url(setup: str) -> None:
+    with redis_node() as server:
+        with server.client() as admin:
+            if setup == "requirepass":
+                admin.config_set("requirepass", "s3cret")
+                url = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+            elif setup == "acl-user":
+                admin.execute_command("ACL", "SETUSER", "alice", "on", ">pw-alice", "~*", "&*", "+@all")
+                url = f"redis://alice:pw-alice@127.0.0.1:{server.port}/0"
+            else:  # a password in the URL for a server that has none: redis-py accepts it, so must we
+                url = f"redis://:unused@127.0.0.1:{server.port}/0"
+        assert await _live_event_arrives(url) == [2]
