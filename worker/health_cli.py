@@ -1,6 +1,6 @@
 """``fanout health``: the container health check (Docker ``HEALTHCHECK``, Kubernetes exec probes).
 
-Exit 0 when, within the timeout, Redis (``REDIS_URL``, a cluster seed with
+Exit 0 when, within the timeout, Redis (``REDIS_URL``, default ``redis://localhost:6379/0``, a cluster seed with
 ``FANOUT_REDIS_CLUSTER=1``) answers PING and takes a probe write (``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``,
 :func:`worker.storage.probe_write`: fails while Redis refuses writes, e.g. ``OOM``,
 ``READONLY``, ``MISCONF``), every cluster primary reports
@@ -48,14 +48,12 @@ def run(args: argparse.Namespace) -> int:
     check_redis_url(os.environ.get("REDIS_URL") or "redis://")
     problems = asyncio.run(_check(args.url, args.timeout_s))
     for problem in problems:
-        sys.stderr.write(f"unhealthy: {problem}\n")
+        sys.stderr.write(f"fanout health: unhealthy: {problem}\n")
     return 1 if problems else 0
 
 
 async def redis_problems(timeout_s: float) -> list[str]:
-    """Check the Redis of the environment (module docstring); ``[]`` when healthy or ``REDIS_URL`` is unset."""
-    if not os.environ.get("REDIS_URL"):
-        return []
+    """Check the Redis of the environment (module docstring; ``REDIS_URL`` unset: its default); ``[]`` when healthy."""
     try:
         settings = load_worker_settings(os.environ)
     except SettingsError as exc:

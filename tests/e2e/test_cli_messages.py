@@ -6,6 +6,7 @@ publisher, worker, fake upstream and Redis where the mistake needs one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import redis
 
 from publisher.stack import LocalStack, free_port, wait_for_port
+from schema.keys import Keys
 from schema.reducer import reduce
 from worker.replay import replay_file
 
@@ -417,3 +420,29 @@ def test_publisher_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
 
 def test_health_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
     one_line(fanout("health", env={"REDIS_URL": "localhost"}), 2, "REDIS_URL", "not a Redis URL")
+
+
+def test_health_of_an_unreachable_redis_names_it_in_one_line() -> None:
+    done = fanout("health", "--timeout-s", "1", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    one_line(done, 1, "fanout health: unhealthy:", "redis at redis://127.0.0.1:1/0", "ConnectionError")
+
+
+def test_health_without_redis_url_checks_the_default_redis() -> None:
+    prefix = f"healthdefault-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"FANOUT_REDIS_PREFIX": prefix}
+    default = redis.Redis.from_url("redis://localhost:6379/0", socket_connect_timeout=1)
+    try:
+        try:
+            default.xadd(Keys(prefix).jobs_shard(0), {"x": "1"})  # a jobs stream with no consumer group
+            answers = True
+        except redis.ConnectionError:
+            answers = False
+        done = subprocess.run([sys.executable, "-m", "fanout_cli", "health", "--timeout-s", "1"], capture_output=True,
+                              text=True, env=env, cwd=ROOT, timeout=60, check=False)
+        # either way the check ran against the default URL: it found that stream, or it names the URL
+        want = "has no consumer group 'workers'" if answers else "redis at redis://localhost:6379/0"
+        one_line(done, 1, "fanout health: unhealthy:", want)
+    finally:
+        with contextlib.suppress(redis.ConnectionError):
+            default.delete(Keys(prefix).jobs_shard(0), Keys(prefix).probe)
+        default.close()
