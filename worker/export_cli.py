@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         sink.close()
-    sys.stderr.write(f"fanout export: {count} streams exported to {args.output}\n")
+    where = "stdout" if args.output == "-" else args.output
+    sys.stderr.write(f"fanout export: {count} streams exported to {where}\n")
     return 0
 
 
@@ -238,6 +239,10 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
     try:
         exporter = Exporter(client, keys, sink, group=args.group, since_ms=since_ms, batch=max(1, args.batch),
                             on_progress=bar.update)
+        if not args.follow and not await client.exists(keys.done):  # a typo'd prefix must not create a key
+            sys.stderr.write(f"fanout export: no stream has finished under prefix {keys.prefix!r} "
+                             f"({keys.done} does not exist; check FANOUT_REDIS_PREFIX or --prefix)\n")
+            return 0
         await exporter.ensure_group()
         bar.total = await exporter.lag()
         task = asyncio.create_task(exporter.run(follow=args.follow, stop=stop))

@@ -291,3 +291,17 @@ def test_export_refuses_a_malformed_redis_url_with_exit_2(tmp_path: Path, env: d
     assert words in done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists()  # refused before any output is opened
+
+
+def test_a_prefix_with_no_finished_stream_exports_nothing_and_creates_no_key(redis_url: str, tmp_path: Path) -> None:
+    import redis as sync_redis
+
+    prefix = f"nothere-{os.getpid()}-{tmp_path.name}"
+    env = {**os.environ, "REDIS_URL": redis_url, "FANOUT_REDIS_PREFIX": prefix}
+    done = subprocess.run([sys.executable, "-m", "fanout_cli", "export", "--output", "-"], cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60, env=env)
+    assert done.returncode == 0
+    assert f"no stream has finished under prefix {prefix!r}" in done.stderr
+    assert done.stdout == ""
+    with sync_redis.Redis.from_url(redis_url) as client:
+        assert list(client.scan_iter(match=f"{prefix}:*")) == []
