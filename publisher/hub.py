@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -125,6 +126,8 @@ class Hub:
         self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
         self._pending: list[tuple[str, bytes, Topic | None]] = []
         self._flush_due = False
+        self._refused: hiredis.ReplyError | None = None
+        """An error reply since the last ``subscribe`` push: the next ``PING`` reply fails its batch."""
         self._leaving: set[bytes] = set()
         """Channels whose last reader left, unsubscribed after :data:`UNSUBSCRIBE_DELAY_S`."""
         self._closing = False
@@ -292,6 +295,7 @@ class Hub:
                 log.warning("pub/sub connection open again after %d failed attempts", failures)
                 failures = 0
             self._lost.clear()
+            self._refused = None
             self._pending.clear()
             held = [(topic.channel, topic) for topic in self._topics.values()]
             if held:
@@ -343,19 +347,42 @@ class Hub:
                 topic.ready.set_exception(exc)
 
     def _dispatch(self, reply: Any) -> None:
-        """Handle one pushed reply: ``[kind, channel or token, data]`` (RESP2 pub/sub)."""
+        """Handle one pushed reply: ``[kind, channel or token, data]`` (RESP2 pub/sub).
+
+        A ``SUBSCRIBE`` Redis refuses (``NOPERM``: an ACL user without that channel) answers
+        one error instead of its ``subscribe`` pushes; the ``PING`` sent after it then fails
+        that batch's readers at once (a plain bulk reply when the connection holds no
+        subscription) instead of confirming channels that are not subscribed.
+        """
+        if isinstance(reply, hiredis.ReplyError):
+            log.warning("pub/sub: Redis refused a SUBSCRIBE (%s); its readers are told to retry", reply)
+            self._refused = reply
+            return
+        if isinstance(reply, bytes):  # PING's reply outside subscribed mode
+            self._pong(reply)
+            return
         if not isinstance(reply, list) or len(reply) < 2:
-            log.warning("pub/sub: unexpected reply %r", reply if not isinstance(reply, bytes) else reply[:80])
+            log.warning("pub/sub: unexpected reply %r", reply)
             return
         kind = reply[0]
         if kind == b"message":
             self._notified(reply[1], reply[2])
         elif kind == b"pong":
-            for barrier in self._barriers.pop(reply[1], []):
-                if not barrier.done():
-                    barrier.set_result(None)
+            self._pong(reply[1])
         elif kind == b"subscribe":
+            self._refused = None
             self._subscribed(reply[1])
+
+    def _pong(self, token: bytes) -> None:
+        """Confirm the subscriptions sent before ``PING <token>``, or fail them when Redis refused them."""
+        refused, self._refused = self._refused, None
+        for barrier in self._barriers.pop(token, []):
+            if barrier.done():
+                continue
+            if refused is None:
+                barrier.set_result(None)
+            else:
+                barrier.set_exception(RedisError(f"SUBSCRIBE refused: {refused}"))
 
     def _notified(self, channel: bytes, payload: bytes) -> None:
         """Apply one live notification (either pub/sub); stage its topic when its events were accepted."""

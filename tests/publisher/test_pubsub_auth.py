@@ -7,6 +7,8 @@ must get an event appended after it went live, so the event came over the live c
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 
 import aiohttp
@@ -58,3 +60,29 @@ async def test_live_events_flow_with_the_credentials_of_redis_url(setup: str) ->
             else:  # a password in the URL for a server that has none: redis-py accepts it, so must we
                 url = f"redis://:unused@127.0.0.1:{server.port}/0"
         assert await _live_event_arrives(url) == [2]
+
+
+async def test_a_subscription_the_acl_refuses_fails_at_once_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """A user without channel permissions: the reader gets its retry hint at once, not after the timeout."""
+    keys = Keys(prefix=f"auth-{uuid.uuid4().hex[:8]}")
+    sid = "st_noperm"
+    with redis_node() as server:
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", "bob", "on", ">pw-bob", "~*", "resetchannels", "+@all")
+        url = f"redis://bob:pw-bob@127.0.0.1:{server.port}/0"
+        client = client_for(url)
+        try:
+            await StreamWriter(client, keys, sid).append(start(sid), notify=False)
+            async with running_publisher(url, keys) as base, aiohttp.ClientSession() as http:
+                for _ in range(2):  # a refused subscription is asked again by the next reader
+                    started = asyncio.get_running_loop().time()
+                    async with http.get(f"{base}/v1/streams/{sid}/events", headers=bearer(API_KEY),
+                                        timeout=aiohttp.ClientTimeout(total=GUARD_S)) as resp:
+                        reader = SSEClient(resp)
+                        assert "retry" in (await reader.message() or {})
+                        assert "redis-unavailable" in (await reader.message() or {}).get("comment", "")
+                    assert asyncio.get_running_loop().time() - started < 2.0  # subscribe_timeout_s is 5
+        finally:
+            await client.aclose()
+    assert any("NOPERM" in record.getMessage() and "SUBSCRIBE" in record.getMessage()
+               for record in caplog.records if record.levelno >= logging.WARNING)
