@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import os
 import socket
 import sys
 from collections.abc import Sequence
 
+from fanout_client.cli import quiet_broken_pipe
 from fanout_client.errors import EXIT_BROKEN_PIPE
 from schema.cli import EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 
@@ -146,22 +146,6 @@ def _os_error_message(args: argparse.Namespace, exc: OSError) -> str:
     if exc.filename is not None:
         return f"cannot read {exc.filename}: {exc.strerror or exc}"
     raise exc
-
-
-def quiet_broken_pipe() -> int:
-    """Point standard output at ``/dev/null`` after its reader left; return ``EXIT_BROKEN_PIPE``.
-
-    Without it the interpreter's final flush of ``sys.stdout`` raises ``BrokenPipeError``
-    again and prints "Exception ignored".
-    """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(devnull)
-    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
