@@ -70,6 +70,10 @@ def node_endpoint(node: ClusterNode) -> Endpoint:
                     client_name=kwargs.get("client_name"))
 
 
+REFUSED_LOG_S: Final = 60.0
+"""While a node keeps refusing subscriptions (``NOPERM``), one warning per this many seconds per node."""
+
+
 class _Shard:
     """One primary's subscriber connection and the channels routed to it."""
 
@@ -93,6 +97,9 @@ class _Shard:
         self.task: asyncio.Task[None] | None = None
         self.heal: asyncio.Task[None] | None = None
         self.healed_s = 0.0
+        self.refused: hiredis.ReplyError | None = None
+        """A ``NOPERM`` since the last ``PING`` reply: that barrier fails what it did not confirm."""
+        self.refused_logged_s = float("-inf")
 
     def reset(self) -> None:
         """Forget the state of a previous connection."""
@@ -102,6 +109,7 @@ class _Shard:
         self.subscribed.clear()
         self.unsubs.clear()
         self.barriers.clear()
+        self.refused = None
 
 
 class ShardLinks:
@@ -337,6 +345,13 @@ class ShardLinks:
                 log.warning("sharded pub/sub: unexpected push %r from %s", kind, shard.name)
         elif isinstance(reply, bytes):  # PING answered outside subscribed mode (every SSUBSCRIBE failed)
             self._barrier(shard, reply)
+        elif isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOPERM"):
+            shard.refused = reply  # an ACL without these channels: a new slot map would not help
+            now = time.monotonic()
+            if now - shard.refused_logged_s >= REFUSED_LOG_S:
+                shard.refused_logged_s = now
+                log.warning("sharded pub/sub: %s refused an SSUBSCRIBE (%s); its readers are told to retry",
+                            shard.name, reply)
         elif isinstance(reply, hiredis.ReplyError):
             log.info("sharded pub/sub: %s refused a command (%s); reading the slot map again", shard.name, reply)
             self._heal_soon(shard)
@@ -362,10 +377,20 @@ class ShardLinks:
             self._heal_soon(shard)
 
     def _barrier(self, shard: _Shard, token: bytes) -> None:
-        """Confirm the subscriptions sent before ``PING <token>`` that Redis accepted (the others heal)."""
+        """Confirm the subscriptions sent before ``PING <token>`` that Redis accepted.
+
+        The others heal (a slot moved meanwhile), unless Redis refused them (``NOPERM``):
+        those fail at once, so their readers get the ``retry:`` answer now instead of after
+        ``FANOUT_SUBSCRIBE_TIMEOUT_S``.
+        """
+        refused, shard.refused = shard.refused, None
         for channel, future in shard.barriers.pop(token, []):
-            if not future.done() and channel in shard.subscribed:
+            if future.done():
+                continue
+            if channel in shard.subscribed:
                 future.set_result(None)
+            elif refused is not None:
+                future.set_exception(RedisError(f"Redis refused the subscription: {refused}"))
 
 
 def _runs(batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:

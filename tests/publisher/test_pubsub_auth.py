@@ -23,10 +23,12 @@ from tests.publisher.helpers import (
     StreamWriter,
     bearer,
     block_start,
+    make_settings,
     running_publisher,
     start,
 )
-from tests.redis_servers import redis_node
+from tests.redis_servers import redis_cluster, redis_node
+from worker.redis_client import RedisOptions, connect, live_mode
 
 
 async def _live_event_arrives(url: str) -> list[int]:
@@ -85,4 +87,34 @@ async def test_a_subscription_the_acl_refuses_fails_at_once_and_says_why(caplog:
         finally:
             await client.aclose()
     assert any("NOPERM" in record.getMessage() and "SUBSCRIBE" in record.getMessage()
+               for record in caplog.records if record.levelno >= logging.WARNING)
+
+
+async def test_a_sharded_subscription_the_acl_refuses_fails_at_once_and_says_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The same on a Redis 7 cluster, where the publisher subscribes with SSUBSCRIBE at each primary."""
+    keys = Keys(prefix=f"auth-{uuid.uuid4().hex[:8]}")
+    sid = "st_noperm_sharded"
+    with redis_cluster(masters=3) as cluster:
+        for node in cluster.nodes:
+            with node.client() as admin:
+                admin.execute_command("ACL", "SETUSER", "bob", "on", ">pw-bob", "~*", "resetchannels", "+@all")
+        url = f"redis://bob:pw-bob@127.0.0.1:{cluster.nodes[0].port}/0"
+        client = connect(url, RedisOptions(cluster=True))
+        try:
+            assert await live_mode(client) == "sharded"
+            await StreamWriter(client, keys, sid).append(start(sid), notify=False)
+            settings = make_settings(redis_cluster=True)
+            async with running_publisher(url, keys, settings) as base, aiohttp.ClientSession() as http:
+                for _ in range(2):
+                    started = asyncio.get_running_loop().time()
+                    async with http.get(f"{base}/v1/streams/{sid}/events", headers=bearer(API_KEY),
+                                        timeout=aiohttp.ClientTimeout(total=GUARD_S)) as resp:
+                        reader = SSEClient(resp)
+                        assert "retry" in (await reader.message() or {})
+                        assert "redis-unavailable" in (await reader.message() or {}).get("comment", "")
+                    assert asyncio.get_running_loop().time() - started < 2.0  # subscribe_timeout_s is 5
+        finally:
+            await client.aclose()
+    assert any("NOPERM" in record.getMessage() and "SSUBSCRIBE" in record.getMessage()
                for record in caplog.records if record.levelno >= logging.WARNING)
