@@ -118,7 +118,7 @@ def _same_origin(request: web.Request) -> None:
     own = f"{request.scheme}://{request.host}"
     if origin != own or not _address_host(request.url.host or ""):
         sent = f"Origin {origin!r}" if origin is not None else "no Origin header"
-        raise ProblemError("forbidden", f"POST /demo/streams only accepts the demo page's own requests: open it at "
+        raise ProblemError("cross-origin", f"POST /demo/streams only accepts the demo page's own requests: open it at "
                                         f"http://127.0.0.1:<port>/demo or http://localhost:<port>/demo ({sent}); "
                                         "submit other jobs with POST /v1/streams and an API key")
 

@@ -29,6 +29,7 @@ PROBLEM_TYPES: Final[dict[str, tuple[int, str]]] = {
     "invalid-token": (401, "Invalid read token"),
     "token-expired": (401, "Read token expired"),
     "forbidden": (403, "Credentials do not cover this stream"),
+    "cross-origin": (403, "Request from another origin"),
     "not-found": (404, "Not found"),
     "method-not-allowed": (405, "Method not allowed"),
     "stream-id-conflict": (409, "Stream id already used with another body"),

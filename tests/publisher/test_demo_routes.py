@@ -128,7 +128,10 @@ async def test_demo_start_refuses_another_origin(ctx: Ctx, demo: str) -> None:
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
                              headers=headers) as resp:
         assert resp.status == 403
-        assert "POST /v1/streams" in (await resp.json())["detail"]
+        problem = await resp.json()
+        assert "POST /v1/streams" in problem["detail"]
+        assert (problem["type"], problem["title"]) == ("https://fanout.dev/problems/cross-origin",
+                                                       "Request from another origin")
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
                              headers={"Origin": demo}) as resp:
         assert resp.status == 201
