@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--port", type=int, default=8080, help="TCP port; 0 picks a free one (default 8080)")
     parser.add_argument("--dev", action="store_true",
                         help="development mode, as FANOUT_DEV=1: a throwaway token secret when none is set")
+    defaults = PublisherSettings()
+    parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {defaults.redis_url})")
+    parser.add_argument("--prefix", dest="redis_prefix", default=None,
+                        help=f"key prefix (env FANOUT_REDIS_PREFIX; default {defaults.redis_prefix})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,11 +58,12 @@ def run(args: argparse.Namespace) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = settings_from_env(os.environ, dev=True if args.dev else None)
+        settings = settings_from_env(os.environ, dev=True if args.dev else None, redis_url=args.redis_url,
+                                     redis_prefix=args.redis_prefix)
     except SettingsError as exc:
         print(f"fanout publisher: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    check_redis_url(settings.redis_url)
+    check_redis_url(settings.redis_url, source="--redis-url" if args.redis_url else "REDIS_URL")
     try:
         return run_loop(serve(settings, args.host, args.port), use_uvloop=settings.uvloop)
     except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on a single node)

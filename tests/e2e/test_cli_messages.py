@@ -446,3 +446,33 @@ def test_health_without_redis_url_checks_the_default_redis() -> None:
         with contextlib.suppress(redis.ConnectionError):
             default.delete(Keys(prefix).jobs_shard(0), Keys(prefix).probe)
         default.close()
+
+
+def test_publisher_takes_redis_url_and_prefix_flags(single_redis_url: str) -> None:
+    """``--redis-url`` and ``--prefix`` override REDIS_URL and FANOUT_REDIS_PREFIX, as the worker's flags do."""
+    prefix, port = f"pubflags-{uuid.uuid4().hex[:8]}", free_port()
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", "FANOUT_REDIS_PREFIX": "not-this-one",
+           "FANOUT_DEV": "1", "FANOUT_API_KEYS": "k"}
+    publisher = subprocess.Popen([sys.executable, "-m", "fanout_cli", "publisher", "--port", str(port),
+                                  "--redis-url", single_redis_url, "--prefix", prefix], env=env, cwd=ROOT,
+                                 stderr=subprocess.DEVNULL)
+    client = redis.Redis.from_url(single_redis_url)
+    try:
+        wait_for_port(port, proc=publisher)
+        body = json.dumps({"provider": "anthropic", "model": "m", "request": {"messages": []}}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/streams", data=body, method="POST",
+                                         headers={"Authorization": "Bearer k", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 201
+        assert client.xlen(Keys(prefix).jobs_shard(0)) == 1  # the job went to the flag's Redis, under its prefix
+    finally:
+        publisher.terminate()
+        publisher.wait(timeout=30)
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+def test_publisher_redis_url_flag_that_is_not_one_is_named_in_the_error() -> None:
+    done = fanout("publisher", "--port", "0", "--redis-url", "localhost:6379", env={"FANOUT_DEV": "1"})
+    one_line(done, 2, "--redis-url", "redis://host:6379/0")
