@@ -47,9 +47,7 @@ async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:
         if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
             log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                         topic.stream_id, top, topic.fetched)
-            for reader in list(topic.live):
-                reader.fail_gap(None)
-            topic.live.clear()
+            topic.end_live("gap")
         elif top is not None and top > topic.fetched:
             topic.kick()
         elif state == "done" and top is not None:

@@ -2,15 +2,16 @@
 
 Readers of a stream share a :class:`~publisher.topic.Topic`. The first reader subscribes
 the stream's live channel (``P:{id}:live``; payload: the appended events, or only the
-last seq, :mod:`publisher.live`); it is unsubscribed :data:`UNSUBSCRIBE_DELAY_S` after the last one left. A reader joins
-*before* it reads history, and :meth:`Hub.join` returns only once Redis has confirmed
-the subscription (a ``PING`` sent after ``SUBSCRIBE`` on the same connection comes back
-after it), so nothing appended between the history read and the live tail is missed.
-After its history replay a reader calls :meth:`Hub.go_live`; from then on a notification
-that carries its events is offered to every live reader straight from the listener's
-dispatch, and everything else (a seq-only notification, a gap, a resubscription) asks
-for one read after the topic's ``fetched`` for all of them; the reads of every topic
-that asked are made together (:class:`publisher.live_reads.LiveReads`).
+last seq, :mod:`publisher.live`); it is unsubscribed up to :data:`UNSUBSCRIBE_DELAY_S`
+after the last one left. A reader joins *before* it reads history, and :meth:`Hub.join`
+returns only once Redis has confirmed the subscription (a ``PING`` sent after
+``SUBSCRIBE`` on the same connection comes back after it), so nothing appended between
+the history read and the live tail is missed. After its history replay a reader calls
+:meth:`Hub.go_live`; from then on a notification that carries its events is offered to
+every live reader straight from the listener's dispatch, and everything else (a seq-only
+notification, a gap, a resubscription) asks for one read after the topic's ``fetched``
+for all of them; the reads of every topic that asked are made together
+(:class:`publisher.live_reads.LiveReads`).
 
 Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
 interval), not one per response. Every half heartbeat interval the topics that heard
@@ -71,9 +72,10 @@ HEARTBEAT_TICKS = 4
 """Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
 ``: ping`` between 1 and 1.25 intervals after its last write."""
 UNSUBSCRIBE_DELAY_S = 0.5
-"""A stream's live channel stays subscribed this long after its last reader left, seconds:
-the channels left meanwhile go in one ``UNSUBSCRIBE``, and a reader that comes back
-within it (a browser reconnecting) finds the subscription still in place."""
+"""Channels whose last reader left are unsubscribed together, this many seconds after the
+first of them left (so each stays subscribed up to this long): they cost one
+``UNSUBSCRIBE``, and a reader that comes back meanwhile (a browser reconnecting) finds
+its subscription still in place."""
 CLOSE_TIMEOUT_S = 2.0
 """Longest wait for the hub's tasks to stop at shutdown, seconds."""
 
@@ -89,7 +91,7 @@ class Hub:
         subscribe_timeout_s: How long :meth:`join` waits for Redis to confirm.
         heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
         live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
-        live_read_s: Least time between two batched live reads (``FANOUT_LIVE_READ_MS``).
+        live_read_s: One batched live read per this many seconds on average (``FANOUT_LIVE_READ_MS``).
         reconnect: Returns a client of a node of the current topology
             (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
             the hub reconnects to that node and subscribes every topic again (after a

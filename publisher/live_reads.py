@@ -31,7 +31,6 @@ from typing import Final
 
 from redis.exceptions import ResponseError
 
-from publisher.reader import CloseReason
 from publisher.store import Store
 from publisher.topic import Topic
 from worker.storage import error_code
@@ -131,7 +130,9 @@ class LiveReads:
         for topic, start, page in zip(batch, starts, pages, strict=True):
             if isinstance(page, BaseException):
                 if _history_gone(page):
-                    _end_live(topic, "gap", f"its events key holds another type ({page})")
+                    log.warning("stream %s: its events key holds another type (%s); closing its %d live reader(s)"
+                                " with stream.gap", topic.stream_id, page, len(topic.live))
+                    topic.end_live("gap")
                 continue
             try:
                 if topic.fetched != start:  # its live set emptied and restarted meanwhile
@@ -143,7 +144,7 @@ class LiveReads:
                 self._settle(topic)
             except Exception:  # a bug: this stream's readers reconnect and resume; the others go on
                 log.exception("live delivery of stream %s failed", topic.stream_id)
-                _end_live(topic, "shutdown", "a delivery failed")
+                topic.end_live("shutdown")  # its readers reconnect and resume
 
     def _retry(self, topic: Topic) -> None:
         topic.reading = False
@@ -159,15 +160,3 @@ class LiveReads:
 def _history_gone(error: BaseException) -> bool:
     """Return True for a read refused because the events key now holds another type (its history is gone)."""
     return isinstance(error, ResponseError) and error_code(error) == "WRONGTYPE"
-
-
-def _end_live(topic: Topic, reason: CloseReason, why: str) -> None:
-    """Close every live reader of ``topic`` (``gap``: each gets ``stream.gap``, then its response ends)."""
-    log.warning("stream %s: closing its %d live reader(s) with %s: %s", topic.stream_id, len(topic.live), reason, why)
-    for reader in list(topic.live):
-        if reason == "gap":
-            reader.fail_gap(None)
-        else:
-            reader.close(reason)
-    topic.live.clear()
-    topic.pending = False

@@ -20,7 +20,7 @@ from typing import Final, Literal
 
 from publisher.entries import Entry, entry_of
 from publisher.live import Notification
-from publisher.reader import Reader, Shared
+from publisher.reader import CloseReason, Reader, Shared
 
 BACKLOG_MAX: Final = 64
 """Notifications kept while a repair read is in flight; past it they are dropped (the
@@ -83,6 +83,16 @@ class Topic:
                 self.kick()
         self.live.add(reader)
         return True
+
+    def end_live(self, reason: CloseReason) -> None:
+        """Close every live reader (``gap``: each sends ``stream.gap``, then its response ends); no read is owed."""
+        for reader in list(self.live):
+            if reason == "gap":
+                reader.fail_gap(None)
+            else:
+                reader.close(reason)
+        self.live.clear()
+        self.pending = False
 
     def resubscribed(self) -> None:
         """Handle a subscribe confirmation; after the first, notifications may have been lost."""
