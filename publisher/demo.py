@@ -32,6 +32,7 @@ from fanout_client import FanoutClient
 from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack
+from schema import logs
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
@@ -105,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 only when every stream matched its golden result (130 when interrupted).
 
     SIGTERM is handled like Ctrl-C: every process the demo started is stopped.
+
+    Raises:
+        CommandError: ``FANOUT_LOG_LEVEL`` or ``FANOUT_LOG_FORMAT`` is malformed (exit 2):
+            checked here, as every process of the stack reads them (:mod:`schema.logs`).
     """
+    logs.configure_from_env(os.environ)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run(args)

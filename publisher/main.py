@@ -5,6 +5,8 @@ Settings come from ``FANOUT_*`` variables (:mod:`publisher.settings`), telemetry
 socket closes first, then open SSE responses are closed spread over
 ``FANOUT_SHUTDOWN_WINDOW_S``, then Redis connections. Exit code 0 after a clean stop,
 2 for bad configuration (a bad variable, ``REDIS_URL`` not a Redis URL, the port in use).
+Logs go to stderr in the format every fanout process shares (:mod:`schema.logs`:
+``FANOUT_LOG_LEVEL`` or ``--log-level``, ``FANOUT_LOG_FORMAT``).
 
 A Redis that does not answer at start does not stop the publisher: it logs a WARNING
 naming the URL, answers ``503`` on ``/readyz`` and on the routes that need Redis, and
@@ -31,6 +33,7 @@ from publisher.settings import PublisherSettings, settings_from_env
 from publisher.state import REDIS
 from publisher.status import READY_TIMEOUT_S
 from publisher.telemetry import providers_from_env
+from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redact_url
 from schema.settings import SettingsError
 from worker.redis_client import REDIS_ERRORS
@@ -48,15 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {defaults.redis_url})")
     parser.add_argument("--prefix", dest="redis_prefix", default=None,
                         help=f"key prefix (env FANOUT_REDIS_PREFIX; default {defaults.redis_prefix})")
+    logs.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the publisher; return the process exit code.
 
     Raises:
-        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2).
+        CommandError: ``REDIS_URL`` is not a Redis URL, or ``FANOUT_LOG_LEVEL`` or
+            ``FANOUT_LOG_FORMAT`` is malformed (exit 2).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure_from_env(os.environ, log_level=args.log_level)  # first: reading the settings may warn
     try:
         settings = settings_from_env(os.environ, dev=True if args.dev else None, redis_url=args.redis_url,
                                      redis_prefix=args.redis_prefix)

@@ -19,6 +19,7 @@ import pytest
 from fanout_cli import build_parser
 from publisher.routes import ROUTES
 from publisher.settings import PublisherSettings
+from schema.logs import LogSettings
 from schema.settings import load_settings
 from worker.runner import STOP_GRACE_S
 from worker.settings import WorkerSettings, load_worker_settings
@@ -163,7 +164,7 @@ def test_manifest_is_yaml_shaped_once_actions_are_blanked(path: Path) -> None:
 
 
 def test_every_fanout_variable_is_a_settings_field() -> None:
-    fields = set(WorkerSettings.__struct_fields__) | set(PublisherSettings.__struct_fields__)
+    fields = {*WorkerSettings.__struct_fields__, *PublisherSettings.__struct_fields__, *LogSettings.__struct_fields__}
     helm_files = [p for p in (ROOT / "helm").rglob("*") if p.is_file()]
     names = {name for p in helm_files for name in re.findall(r"\bFANOUT_[A-Z0-9_]+\b", p.read_text())}
     assert {"FANOUT_DRAIN_S", "FANOUT_SHUTDOWN_WINDOW_S"} <= names

@@ -7,6 +7,8 @@ again) or ``-`` (stdout). Parquet (``--format parquet``, needs the ``parquet`` e
 ``summaries/part-*.parquet`` and one ``events/part-*.parquet``, each renamed into place
 once complete. Exit status: 0 caught up (or stopped by SIGINT/SIGTERM with ``--follow``),
 1 Redis or the output failed (nothing acknowledged is lost: rerun), 2 bad arguments.
+Its log lines (a summary trimmed away while pending) go to stderr in the shared format
+(:mod:`schema.logs`), apart from the progress bar and the one-line results.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import IO, Any, Final
 
 import msgspec
 
+from schema import logs
 from schema.cli import CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from worker.export import Exporter, Row
@@ -177,6 +180,7 @@ MAX_SINCE_MS: Final = 2**63 - 1
 
 def run(args: argparse.Namespace) -> int:
     """Run the export; return the exit status of the module docstring."""
+    logs.configure_from_env(os.environ)
     if not args.group.strip():
         sys.stderr.write("fanout export: --group must name a consumer group, e.g. --group export\n")
         return 2

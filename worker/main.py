@@ -2,9 +2,11 @@
 
 Configuration comes from the environment (:class:`worker.settings.WorkerSettings`, provider
 keys from ``OPENAI_API_KEY``/``ANTHROPIC_API_KEY``/``GEMINI_API_KEY``); flags override it.
-Logs are ``key=value`` lines on stderr; they never hold keys or prompt text. A Redis that
-does not answer at start ends the process with one line and exit 4 (no traceback); with
-no provider credential at all the worker still starts, and says so as a WARNING.
+Logs are ``event=... key=value`` records on stderr, in the format every fanout process
+shares (:mod:`schema.logs`: ``FANOUT_LOG_LEVEL`` or ``--log-level``, ``FANOUT_LOG_FORMAT``);
+they never hold keys or prompt text. A Redis that does not answer at start ends the process
+with one line and exit 4 (no traceback); with no provider credential at all the worker
+still starts, and says so as a WARNING.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 
 import redis.exceptions
 
+from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
@@ -30,9 +33,6 @@ from worker.upstream import Credentials, credentials_from_env, new_session
 
 log = logging.getLogger("fanout.worker")
 
-LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
-"""Format of every log line (``key=value`` pairs)."""
-
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``worker`` options (each overrides its ``FANOUT_*`` variable)."""
@@ -42,26 +42,26 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {defaults.redis_url})")
     parser.add_argument("--prefix", dest="redis_prefix", default=None,
                         help=f"key prefix (env FANOUT_REDIS_PREFIX; default {defaults.redis_prefix})")
-    parser.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help=f"log level (env FANOUT_LOG_LEVEL; default {defaults.log_level})")
+    logs.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis cannot serve it.
 
     Raises:
-        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2), or Redis does not
-            answer when the worker starts (exit 4).
+        CommandError: ``REDIS_URL`` is not a Redis URL, ``FANOUT_LOG_LEVEL`` or
+            ``FANOUT_LOG_FORMAT`` is malformed (exit 2), or Redis does not answer when the
+            worker starts (exit 4).
     """
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
-                                        redis_prefix=args.redis_prefix, log_level=args.log_level)
+                                        redis_prefix=args.redis_prefix)
     except SettingsError as exc:
         sys.stderr.write(f"fanout worker: {exc}\n")
         return EXIT_USAGE
     source = "--redis-url" if args.redis_url else "REDIS_URL (or --redis-url)"
     check_redis_url(settings.redis_url, source=source)
-    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    logs.configure_from_env(os.environ, log_level=args.log_level)
     telemetry = Telemetry.from_env(os.environ)
     try:
         asyncio.run(serve(settings, telemetry))

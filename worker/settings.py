@@ -2,7 +2,8 @@
 
 Every field is the variable's name lower-cased without ``FANOUT_`` (``FANOUT_IDLE_TIMEOUT_S``
 → ``idle_timeout_s``); ``REDIS_URL`` maps as :func:`schema.settings.load_settings` describes
-(``OTEL_*`` variables are the SDK's: :mod:`worker.otel_setup`). Provider API keys are not settings: they
+(``OTEL_*`` variables are the SDK's: :mod:`worker.otel_setup`; ``FANOUT_LOG_LEVEL`` and
+``FANOUT_LOG_FORMAT`` every process's: :mod:`schema.logs`). Provider API keys are not settings: they
 are read by :func:`worker.upstream.credentials_from_env` and never stored in a Struct
 that could be logged. Units live in the names (``_s`` seconds, ``_ms`` milliseconds).
 """
@@ -102,9 +103,6 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Gemini API root; ``/v1beta/models/{model}:streamGenerateContent`` is appended."""
     gemini_framing: Literal["sse", "json_array"] = "sse"
     """``sse`` asks Gemini for ``alt=sse``; ``json_array`` reads its default streamed array."""
-
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Level of the key=value log lines on stderr (``FANOUT_LOG_LEVEL``)."""
 
     metrics_poll_s: _Positive = 5.0
     """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``

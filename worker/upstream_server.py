@@ -51,6 +51,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
+from schema import logs
 from worker.upstream_errors import STATUS_CATEGORY
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -364,7 +365,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT; print ``listening on http://host:port`` once bound."""
+    """Serve until SIGTERM or SIGINT; print ``listening on http://host:port`` once bound.
+
+    aiohttp's own records (a handler that failed) go to stderr in the shared format
+    (:mod:`schema.logs`); there is no access log, as a Gemini request carries its key in the query.
+    """
+    logs.configure_from_env(os.environ)
     config = ServerConfig(roots=(*args.transcripts, *DEFAULT_ROOTS), chunk_bytes=args.chunk_bytes,
                           delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms)
     asyncio.run(_serve(make_app(config), args.host, args.port))
@@ -372,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(app: web.Application, host: str, port: int) -> None:
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

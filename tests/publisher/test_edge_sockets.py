@@ -4,12 +4,15 @@ parse errors answered as problems and never logged with their values, repeated h
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import re
 
 import pytest
 
-from publisher.edge import ParseErrorFilter
+from publisher.edge import SERVER_LOGGER, ParseErrorFilter, install_log_filter
+from schema import logs
 from tests.publisher.helpers import API_KEY, GUARD_S, StreamWriter, bearer, make_settings, start
 
 PROBLEM = b"application/problem+json"
@@ -161,6 +164,35 @@ def test_parse_error_filter_drops_values_and_traceback_from_aiohttp_records():
     other = logging.LogRecord("aiohttp.server", logging.INFO, __file__, 1, "something else %s", ("kept",), None)
     ParseErrorFilter().filter(other)
     assert other.getMessage() == "something else kept"
+
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json"])
+def test_parse_error_record_reaches_the_shared_log_handler_without_values(fmt):
+    """aiohttp's own "Error handling request" record, logged as aiohttp logs it, through the process's handler."""
+    install_log_filter()
+    out = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    handler = logs.configure(logs.LogSettings(log_level="DEBUG", log_format=fmt), out)
+    try:
+        try:
+            raise ValueError("Invalid header value char: b'Authorization: Bearer sekrit'")
+        except ValueError as exc:
+            logging.getLogger(SERVER_LOGGER).exception("Error handling request from %s", "10.0.0.1", exc_info=exc)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert "sekrit" not in text
+    assert "Traceback" not in text
+    assert len(text.splitlines()) == 1
+    if fmt == "json":
+        line = json.loads(text)
+        assert (line["level"], line["logger"]) == ("ERROR", SERVER_LOGGER)
+        assert "exc" not in line
+    else:
+        assert re.match(rf"ts=\S+ level=ERROR logger={SERVER_LOGGER} ", text), text
+    assert "malformed request (ValueError); values not logged" in text
 
 
 def test_log_filter_is_installed_on_aiohttp_server_logger(server):
