@@ -5,9 +5,18 @@ Runs the publisher in this process, stores one stream whose ``stream.start`` car
 sockets from a child process that send the SSE request and then never read, waits
 until the publisher has stopped writing, and prints the RSS growth: in all and per
 reader. With shared reads (``Store.read_after(share=...)``) readers that replay from
-the same place hold one copy of each page instead of one each.
+the same place hold one copy of each page instead of one each. ``--spread`` has reader
+``i`` resume after seq ``i`` (``Last-Event-ID``), so no two share a read: what readers that
+do not replay from the same place hold each. The kernel takes up to a socket send buffer
+of each stalled response (about 4 MB on loopback here, not in the RSS): only a stream
+longer than that (``--deltas 20000``) leaves pages in the publisher. ``--stagger-ms``
+pauses between connections: a stalled reader lets its read-ahead page go after
+``FANOUT_READ_AHEAD_HOLD_MS`` (1 s), and readers that arrive later reuse that memory,
+while readers that all arrive within the hold each hold both pages at once (the RSS
+keeps that peak).
 
-    .venv/bin/python bench/replay_memory.py --redis-port P [--readers 300] [--event-kb 1024]
+    .venv/bin/python bench/replay_memory.py --redis-port P [--readers 300] [--event-kb 1024] [--deltas 2000]
+        [--spread] [--stagger-ms 0]
 """
 
 from __future__ import annotations
@@ -33,13 +42,17 @@ from schema.keys import Keys
 
 CLIENT = r"""
 import socket, sys, time
-host, port, n, sid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+host, port, n, sid, spread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+stagger_s = float(sys.argv[6]) / 1000
 socks = []
 for i in range(n):
     s = socket.create_connection((host, port))
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.sendall(f"GET /v1/streams/{sid}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer mem-key\r\n\r\n".encode())
+    position = f"Last-Event-ID: {i}\r\n" if spread and i else ""
+    s.sendall(f"GET /v1/streams/{sid}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer mem-key\r\n"
+              f"{position}\r\n".encode())
     socks.append(s)
+    time.sleep(stagger_s)
 print("READY", flush=True)
 sys.stdin.read()
 """
@@ -76,12 +89,15 @@ async def main(a: argparse.Namespace) -> None:
     me = psutil.Process()
     before = await _settle(me, 0.5)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, host, str(port), str(a.readers), sid,
+                                                "1" if a.spread else "0", str(a.stagger_ms),
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stdin is not None
     await proc.stdout.readline()
     held = await _settle(me, a.settle_s)
-    print(f"{a.readers} stalled readers of a {a.event_kb} KB stream.start + {a.deltas} deltas: "
+    where = "each from its own position" if a.spread else "from the start"
+    where += f", {a.stagger_ms:g} ms apart" if a.stagger_ms else ""
+    print(f"{a.readers} stalled readers ({where}) of a {a.event_kb} KB stream.start + {a.deltas} deltas: "
           f"RSS {before / 2**20:.0f} -> {held / 2**20:.0f} MB, {(held - before) / a.readers / 1024:.0f} KB per reader")
     proc.stdin.close()
     await proc.wait()
@@ -99,4 +115,6 @@ if __name__ == "__main__":
     ap.add_argument("--event-kb", type=int, default=1024)
     ap.add_argument("--deltas", type=int, default=2000)
     ap.add_argument("--settle-s", type=float, default=3.0)
+    ap.add_argument("--spread", action="store_true", help="reader i resumes after seq i: no shared reads")
+    ap.add_argument("--stagger-ms", type=float, default=0.0, help="pause between two connections")
     asyncio.run(main(ap.parse_args()))

@@ -244,7 +244,8 @@ class EventStream(web.StreamResponse):
         self._first, self._asked = first, asked
         self._session = Session(response=self, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                                 telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
-                                write_timeout_s=settings.write_timeout_s, on_stall=self.drop,
+                                write_timeout_s=settings.write_timeout_s,
+                                read_ahead_hold_s=settings.read_ahead_hold_ms / 1000, on_stall=self.drop,
                                 transport=request.transport, chunked=self.chunked)
 
     async def write_eof(self, data: bytes = b"") -> None:

@@ -8,9 +8,12 @@ seq and its reconnect gets the 410). A short page that ends below the stored top
 known at the request's start (meta ``last_seq``; appends move meta and entries together)
 is a gap too: those entries were trimmed or expired. Otherwise, when a short page shows
 the top was reached, the reader goes live (:meth:`publisher.hub.Hub.go_live`), and
-entries then come through its bounded queue. The response ends after the terminal event,
-at an idle heartbeat that finds the stream ended without one (storage refused it), on a
-gap, on queue overflow, at shutdown, and when the client takes no
+entries then come through its bounded queue. While a full page is written the next one
+is read (:class:`publisher.read_ahead.ReadAhead`), held only while that write completes
+within ``FANOUT_READ_AHEAD_HOLD_MS``; past it that page is let go and read again after
+the write, so a client that stopped reading holds one page, not two. The response ends
+after the terminal event, at an idle heartbeat that finds the stream ended without one
+(storage refused it), on a gap, on queue overflow, at shutdown, and when the client takes no
 :data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
 is dropped, as on overflow).
 
@@ -36,6 +39,7 @@ from aiohttp import web
 
 from publisher.entries import Entry, Page
 from publisher.hub import Hub
+from publisher.read_ahead import ReadAhead
 from publisher.reader import Reader, Shared
 from publisher.sse import GAP_EVENT, PING, error_frame
 from publisher.store import Store
@@ -65,14 +69,18 @@ class Session:
         heartbeat_s: Idle time before a ``: ping`` comment, seconds.
         known_top: The stored top seq read before the first page (``StreamInfo.last_seq``).
         write_timeout_s: Longest wait for the client to take one slice of a write, seconds.
+        read_ahead_hold_s: Longest a history page's write may take while the next page,
+            read ahead, is held; past it that page is let go and read after the write,
+            seconds (0: no read-ahead).
         on_stall: Drops the connection of a client that stopped reading.
         transport: The response's socket, for direct writes (``None``: never direct).
         chunked: The response uses chunked transfer coding (HTTP/1.1), so direct writes
             are framed as chunks.
     """
 
-    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection", "reader",
-                 "response", "store", "telemetry", "transport", "write_timeout_s", "writing")
+    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection",
+                 "read_ahead_hold_s", "reader", "response", "store", "telemetry", "transport", "write_timeout_s",
+                 "writing")
 
     def __init__(
         self,
@@ -86,6 +94,7 @@ class Session:
         heartbeat_s: float,
         known_top: int,
         write_timeout_s: float,
+        read_ahead_hold_s: float,
         on_stall: Callable[[], None],
         transport: asyncio.Transport | None = None,
         chunked: bool = False,
@@ -99,6 +108,7 @@ class Session:
         self.heartbeat_s = heartbeat_s
         self.known_top = known_top
         self.write_timeout_s = write_timeout_s
+        self.read_ahead_hold_s = read_ahead_hold_s
         self.on_stall = on_stall
         self.last_write = time.monotonic()
         self.transport = transport
@@ -144,22 +154,24 @@ class Session:
     async def _replay(self, page: list[Entry], asked: int) -> bool:
         """Send history until the reader is live; return True when the response must end.
 
-        While one full page is written, the next is already being read (one read ahead);
+        While one full page is written, the next is already being read (one read ahead,
+        let go when the write outlasts ``read_ahead_hold_s``, then read after it);
         every page after the first is ``store.page`` entries.
         """
         stale = False
-        while True:
-            entries, gap_seq = self._continuing(page)
-            full = len(page) >= asked
-            asked = self.store.page
-            ahead = None
-            if gap_seq is None and full:
-                ahead = asyncio.ensure_future(self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
-                                                                    share=self.hub.share_key(self.reader)))
-                ahead.add_done_callback(_retrieve)
-            try:
-                if await self._send(entries, "replay"):
-                    return True
+        ahead = ReadAhead(self.store, self.telemetry, self.read_ahead_hold_s)
+        try:
+            while True:
+                entries, gap_seq = self._continuing(page)
+                full = len(page) >= asked
+                asked = self.store.page
+                if gap_seq is None and full:
+                    ahead.start(self.reader.stream_id, self.reader.cursor, asked, self.hub.share_key(self.reader))
+                try:
+                    if await self._send(entries, "replay"):
+                        return True
+                finally:
+                    ahead.written()
                 if gap_seq is not None:
                     await self._gap(self.reader.cursor, gap_seq)
                     return True
@@ -177,11 +189,10 @@ class Session:
                     stale = not page
                 # after a refused go_live, read afresh: a shared read could predate what live readers got
                 share = self.hub.share_key(self.reader) if full else None
-                page = await (ahead or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
-                                                             share=share))
-            finally:
-                if ahead is not None:
-                    ahead.cancel()  # no-op once it is done
+                page = await (ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                                    share=share))
+        finally:
+            ahead.let_go()  # the response ends: a read-ahead still held is not awaited
 
     def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
         """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq.
@@ -312,8 +323,3 @@ class Session:
             self.writing = False
         self.last_write = time.monotonic()
 
-
-def _retrieve(task: asyncio.Future[Page]) -> None:
-    """Mark a read-ahead's failure as seen when the response ended before it was awaited."""
-    if not task.cancelled():
-        task.exception()

@@ -88,6 +88,12 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     read_first_page: Positive = 256
     """Entries of a response's first history page (small, so the first byte leaves soon);
     every later page is ``read_page`` entries."""
+    read_ahead_hold_ms: Annotated[float, msgspec.Meta(ge=0, le=3_600_000)] = 1000.0
+    """While a history page is written the next one is read ahead; when that write has not
+    completed after this many milliseconds (a client that stopped reading), the page read
+    ahead is let go and read again once the write completes, so a stalled reader holds one
+    page, not two. A client that keeps up is unaffected. 0: no read-ahead (each page is
+    read after the write before it: one Redis round trip between pages); at most one hour."""
     live_batch_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 3.0
     """After each read of the live-channel connection, leave it unread this long, so the
     notifications arriving meanwhile are handled in one read (fewer wake-ups per delivery

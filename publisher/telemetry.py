@@ -13,7 +13,7 @@ Follows the OpenTelemetry semantic conventions for HTTP server spans.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, propagate, trace
@@ -62,6 +62,23 @@ class Telemetry:
         meter.create_observable_counter(
             "fanout.sse.events.delivered", callbacks=[self._observe_delivered], unit="{event}",
             description="Events written to SSE responses, by phase")
+        self.read_ahead_started = 0
+        """History pages read ahead: read while the page before them was written."""
+        self.read_ahead_pages = 0
+        """History pages read ahead and held by SSE responses (in flight, or landed and
+        waiting for the write before them): a plain int, read by the meter (a gauge)."""
+        self.read_ahead_dropped = 0
+        """Read-ahead pages let go because the write they overlapped outlasted
+        ``FANOUT_READ_AHEAD_HOLD_MS`` (each is read again after that write)."""
+        meter.create_observable_counter(
+            "fanout.sse.read_ahead.started", callbacks=[self._reporting("read_ahead_started")], unit="{page}",
+            description="History pages read ahead, while the page before them was written")
+        meter.create_observable_gauge(
+            "fanout.sse.read_ahead.pages", callbacks=[self._reporting("read_ahead_pages")], unit="{page}",
+            description="History pages read ahead and held by SSE responses")
+        meter.create_observable_counter(
+            "fanout.sse.read_ahead.dropped", callbacks=[self._reporting("read_ahead_dropped")], unit="{page}",
+            description="Read-ahead pages let go: the write they overlapped outlasted the hold")
         self.latency = meter.create_histogram(
             "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="From the event's ts (worker emit time) to its write on the SSE response")
@@ -95,6 +112,10 @@ class Telemetry:
     def _observe_delivered(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         """Report :attr:`delivered` to the meter (monotonic totals, one point per phase)."""
         return [metrics.Observation(count, {"phase": phase}) for phase, count in self.delivered.items()]
+
+    def _reporting(self, attribute: str) -> Callable[[metrics.CallbackOptions], Iterable[metrics.Observation]]:
+        """Return a meter callback that reports the plain int ``attribute`` of this object."""
+        return lambda options: [metrics.Observation(getattr(self, attribute))]
 
     def record_write(self, entries: list[Entry], phase: str, *, sample: bool = True) -> None:
         """Count the events of one write and record the publish-to-delivery latency of its last one.
