@@ -32,7 +32,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from schema import logs
-from schema.cli import CommandError, check_redis_url, redact_url
+from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
@@ -181,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                         "an ISO 8601 time, or 2h / 30m / 7d ago")
     parser.add_argument("--group", default="export", help="consumer group on P:done: its position is the checkpoint")
     parser.add_argument("--follow", action="store_true", help="keep exporting streams as they finish")
-    parser.add_argument("--redis-url", default=None, help="Redis URL (env REDIS_URL; default redis://localhost:6379/0)")
+    parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {DEFAULT_REDIS_URL})")
     parser.add_argument("--prefix", default=None, help="key prefix (env FANOUT_REDIS_PREFIX; default fanout)")
     parser.add_argument("--batch", type=_positive, default=100, help="summaries per read and per durable write")
 
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
                          "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
         return 2
-    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
+    url = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
     try:
         check_redis_url(url, source="--redis-url" if args.redis_url else "REDIS_URL")
     except CommandError as exc:
