@@ -47,7 +47,8 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
     "demo": {0: "every stream matched its golden result", 1: "a stream did not match, or the demo timed out",
              2: BAD_INPUT},
     "export": {0: "caught up (with --follow: stopped by SIGTERM or SIGINT)",
-               1: "Redis or the output failed; nothing acknowledged is lost: run again", 2: BAD_INPUT},
+               1: "Redis or the output failed; nothing acknowledged is lost (the message says if a rerun helps)",
+               2: BAD_INPUT},
     "health": {0: "healthy", 1: "unhealthy (the reason is printed)", 2: BAD_INPUT},
 }
 """Command → exit status → meaning (README.md, "Python client and command line"); 130 is Ctrl-C."""

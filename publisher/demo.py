@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +32,7 @@ from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack
 from schema import logs
+from schema.cli import above, at_least
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
@@ -69,37 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``demo`` options."""
     parser.add_argument("--keep-running", action="store_true",
                         help="print the URLs, API key, Redis URL and key prefix first; leave the stack up after")
-    parser.add_argument("--delay-ms", type=_at_least(int, 0), default=40,
+    parser.add_argument("--delay-ms", type=at_least(int, 0), default=40,
                         help="upstream pause between chunks (ms, >= 0)")
-    parser.add_argument("--chunk-bytes", type=_at_least(int, 1), default=96, help="upstream chunk size (bytes, >= 1)")
-    parser.add_argument("--timeout-s", type=_above(0.0), default=120.0,
+    parser.add_argument("--chunk-bytes", type=at_least(int, 1), default=96, help="upstream chunk size (bytes, >= 1)")
+    parser.add_argument("--timeout-s", type=above(0.0), default=120.0,
                         help="give up on the demo after this long (seconds, > 0)")
-
-
-def _at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
-    """Return an argparse ``type``: ``kind(text)`` when it is >= ``low``, else a usage error (exit 2)."""
-    def parse(text: str) -> int:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (>= {low})") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} is below {low}")
-        return value
-    return parse
-
-
-def _above(low: float) -> Callable[[str], float]:
-    """Return an argparse ``type``: a float strictly above ``low``, else a usage error (exit 2)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number (> {low:g})") from None
-        if not value > low:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"{text!r} is not above {low:g}")
-        return value
-    return parse
 
 
 def run(args: argparse.Namespace) -> int:

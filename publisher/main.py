@@ -34,7 +34,7 @@ from publisher.state import REDIS
 from publisher.status import READY_TIMEOUT_S
 from publisher.telemetry import providers_from_env
 from schema import logs
-from schema.cli import EXIT_USAGE, check_redis_url, redact_url
+from schema.cli import EXIT_USAGE, check_redis_url, port_number, redact_url
 from schema.settings import SettingsError
 from worker.redis_client import REDIS_ERRORS
 
@@ -44,7 +44,8 @@ log = logging.getLogger("publisher")
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Add the ``publisher`` subcommand's flags."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="TCP port; 0 picks a free one (default 8080)")
+    parser.add_argument("--port", type=port_number, default=8080,
+                        help="TCP port, 0-65535; 0 picks a free one (default 8080)")
     parser.add_argument("--dev", action="store_true",
                         help="development mode, as FANOUT_DEV=1: a throwaway token secret when none is set")
     defaults = PublisherSettings()

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from schema.cli import DEFAULT_REDIS_URL
 from schema.keys import MAX_JOB_SHARDS
 from schema.settings import SettingsError, load_settings
 
@@ -68,7 +69,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """On SIGTERM, open SSE responses are closed spread over this window, seconds."""
     cors_origins: list[str] = msgspec.field(default_factory=list)
     """Origins allowed by CORS (comma-separated); ``*`` allows any."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     """Redis server URL (``REDIS_URL``)."""
     redis_max_connections: Positive = 128
     """Size of the Redis connection pool (one connection is the hub's pub/sub)."""

@@ -5,11 +5,17 @@ variable, an unreadable file, a service it cannot reach); ``fanout_cli.main`` pr
 ``fanout <command>: <message>`` on stderr, never a traceback, and exits with the
 error's status. The statuses are documented in README.md ("Python client and command
 line"); they and :class:`CommandError` live in :mod:`fanout_client.errors`, so the
-client's own commands share them. Pure: parses text, touches nothing.
+client's own commands share them. The argparse ``type`` parsers here (:func:`at_least`,
+:func:`above`, :func:`port_number`, :func:`existing_directory`) turn a bad flag value into
+argparse's one-line usage error (exit 2) for every subcommand alike. Pure: parses text,
+touches nothing (:func:`existing_directory` only asks whether a path is a directory).
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,6 +29,69 @@ from fanout_client.errors import CommandError as CommandError
 
 REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 """URL schemes redis-py accepts (redis-py ``ConnectionPool.from_url``)."""
+DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
+"""The Redis every role uses when ``REDIS_URL`` (or ``--redis-url``) is unset (README, configuration)."""
+MAX_PORT: Final = 65535
+"""Largest TCP port number (RFC 793: ports are 16-bit)."""
+
+
+def at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
+    """Return an argparse ``type``: ``kind(text)`` when it is >= ``low``, else a usage error (exit 2).
+
+    Args:
+        kind: Parses the flag's text (``int``); a ``ValueError`` means it is not a whole number.
+        low: Smallest value accepted.
+    """
+    def parse(text: str) -> int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (>= {low})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is below {low}")
+        return value
+    return parse
+
+
+def above(low: float) -> Callable[[str], float]:
+    """Return an argparse ``type``: a float strictly above ``low`` (never nan), else a usage error (exit 2)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number (> {low:g})") from None
+        if not value > low:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text!r} is not above {low:g}")
+        return value
+    return parse
+
+
+def port_number(text: str) -> int:
+    """Parse ``--port``: a TCP port 0-65535, where 0 lets the OS pick a free one.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a whole number in 0-65535 (argparse exits 2 with the message).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1-{MAX_PORT}, or 0 for any free port")
+    return value
+
+
+def existing_directory(text: str) -> Path:
+    """Parse a flag naming a directory that must already exist.
+
+    Raises:
+        argparse.ArgumentTypeError: The path does not exist or is not a directory (argparse exits 2).
+    """
+    path = Path(text)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}: give an existing directory")
+    return path
 
 
 def redact_url(url: str) -> str:

@@ -6,7 +6,9 @@ again) or ``-`` (stdout). Parquet (``--format parquet``, needs the ``parquet`` e
 ``pip install 'fanout[parquet]'``) goes to a directory: each batch is one
 ``summaries/part-*.parquet`` and one ``events/part-*.parquet``, each renamed into place
 once complete. Exit status: 0 caught up (or stopped by SIGINT/SIGTERM with ``--follow``),
-1 Redis or the output failed (nothing acknowledged is lost: rerun), 2 bad arguments.
+1 Redis or the output failed (nothing acknowledged is lost; the message says whether a rerun
+can help), 2 bad arguments. ``--output`` may also be ``/dev/null`` or a named pipe: it is then
+flushed, not fsynced.
 Its log lines (a summary trimmed away while pending) go to stderr in the shared format
 (:mod:`schema.logs`), apart from the progress bar and the one-line results.
 """
@@ -17,9 +19,11 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import errno
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -28,7 +32,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from schema import logs
-from schema.cli import CommandError, check_redis_url, redact_url
+from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
@@ -83,30 +87,45 @@ def repair_tail(path: Path, step: int = 65536) -> None:
 
 
 class NdjsonSink:
-    """One JSON object per line, to a file (fsynced at each commit) or to stdout (``-``)."""
+    """One JSON object per line, to a file or to stdout (``-``).
+
+    A regular file is appended to, its crash-cut last line removed first (:func:`repair_tail`),
+    and fsynced at each commit. Anything else (``/dev/null``, a named pipe, a terminal) is
+    only flushed: it cannot be seeked, truncated or fsynced (``fsync`` fails with ``EINVAL``).
+    """
 
     def __init__(self, output: str) -> None:
-        self.sync = output != "-"
-        if self.sync:
-            repair_tail(Path(output))
-            self.file: IO[bytes] = Path(output).open("ab")  # noqa: SIM115 - closed by close()
-        else:
-            self.file = sys.stdout.buffer
+        self.owned = output != "-"
+        if not self.owned:
+            self.file: IO[bytes] = sys.stdout.buffer
+            self.sync = False
+            return
+        path = Path(output)
+        if path.is_file():
+            repair_tail(path)
+        self.file = path.open("ab")
+        self.sync = stat.S_ISREG(os.fstat(self.file.fileno()).st_mode)
 
     def write(self, rows: list[Row]) -> None:
         """Write the rows as lines."""
         self.file.write(b"".join(_encoder.encode(row) + b"\n" for row in rows))
 
     def commit(self) -> None:
-        """Flush, and fsync a file."""
+        """Flush, and fsync a regular file."""
         self.file.flush()
         if self.sync:
             os.fsync(self.file.fileno())
 
     def close(self) -> None:
-        """Close a file (stdout stays open)."""
-        if self.sync:
-            self.file.close()
+        """Close a file (stdout stays open); never raises.
+
+        Whatever is still buffered here belongs to a batch whose write failed, which was
+        never acknowledged: a second failure flushing it (``ENOSPC`` again) is dropped, as
+        the first one was already reported.
+        """
+        if self.owned:
+            with contextlib.suppress(OSError):
+                self.file.close()
 
 
 class ParquetSink:
@@ -162,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                         "an ISO 8601 time, or 2h / 30m / 7d ago")
     parser.add_argument("--group", default="export", help="consumer group on P:done: its position is the checkpoint")
     parser.add_argument("--follow", action="store_true", help="keep exporting streams as they finish")
-    parser.add_argument("--redis-url", default=None, help="Redis URL (env REDIS_URL; default redis://localhost:6379/0)")
+    parser.add_argument("--redis-url", default=None, help=f"Redis URL (env REDIS_URL; default {DEFAULT_REDIS_URL})")
     parser.add_argument("--prefix", default=None, help="key prefix (env FANOUT_REDIS_PREFIX; default fanout)")
     parser.add_argument("--batch", type=_positive, default=100, help="summaries per read and per durable write")
 
@@ -172,6 +191,26 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
     return int(text)
+
+
+RETRY_HELPS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR, errno.ENOMEM,
+                                errno.ETIMEDOUT, errno.ESTALE})
+"""Errors of the output that a later run may not meet (a full disk, a flaky NFS mount)."""
+
+
+def output_failure(output: str, exc: OSError) -> str:
+    """Word a failed write of ``--output``: say "run again" only when running again can succeed.
+
+    Args:
+        output: The ``--output`` value.
+        exc: What the write, flush, fsync or rename raised; its ``errno`` is checked
+            against :data:`RETRY_HELPS`.
+    """
+    reason = exc.strerror or str(exc)
+    if exc.errno in RETRY_HELPS:
+        return f"writing {output} failed: {reason}; nothing acknowledged is lost: run again once that is fixed"
+    return (f"writing {output} failed: {reason}; nothing acknowledged is lost, but a rerun to the same output "
+            "fails the same way: choose another --output (a file, a pipe, a directory for parquet, or -)")
 
 
 MAX_SINCE_MS: Final = 2**63 - 1
@@ -192,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
                          "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
         return 2
-    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
+    url = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
     try:
         check_redis_url(url, source="--redis-url" if args.redis_url else "REDIS_URL")
     except CommandError as exc:
@@ -218,8 +257,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "
                          "nothing acknowledged is lost, run again\n")
         return 1
+    except BrokenPipeError:
+        if args.output == "-":  # stdout's reader left (| head): fanout_cli stops quietly
+            raise
+        sys.stderr.write(f"fanout export: writing {args.output} failed: its reader left; nothing acknowledged "
+                         "is lost: run again with a reader on the pipe\n")
+        return 1
     except OSError as exc:
-        sys.stderr.write(f"fanout export: writing {args.output} failed: {exc.strerror}; run again\n")
+        sys.stderr.write(f"fanout export: {output_failure(args.output, exc)}\n")
         return 1
     finally:
         sink.close()

@@ -10,7 +10,7 @@ when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 o
 printing each problem with the server's message. A missing group means Redis lost its data
 (restart without persistence, failover to an empty replica): a running worker recreates
 it on its next read, so the check passes again once one did. Exit 2 when ``REDIS_URL`` is
-not a Redis URL.
+not a Redis URL, ``--url`` is not an ``http(s)://`` URL, or ``--timeout-s`` is not above 0.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import sys
 
 import aiohttp
 
-from schema.cli import check_redis_url, redact_url
+from fanout_client.client import base_url_problem
+from schema.cli import CommandError, above, check_redis_url, redact_url
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.error_policy import safe_message
@@ -36,16 +37,22 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``health`` options."""
     parser.add_argument("--url", default=os.environ.get("FANOUT_HEALTH_URL"),
                         help="HTTP URL that must answer 200 (env FANOUT_HEALTH_URL; default: none)")
-    parser.add_argument("--timeout-s", type=float, default=3.0, help="limit of each check, seconds")
+    parser.add_argument("--timeout-s", type=above(0.0), default=3.0, help="limit of each check, seconds (> 0)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the checks; return 0 when healthy.
 
     Raises:
-        CommandError: ``REDIS_URL`` is not a Redis URL (exit 2).
+        CommandError: ``REDIS_URL`` is not a Redis URL, or ``--url`` (``FANOUT_HEALTH_URL``)
+            is not an ``http(s)://`` URL (exit 2).
     """
     check_redis_url(os.environ.get("REDIS_URL") or "redis://")
+    if args.url:
+        problem = base_url_problem(args.url)
+        if problem is not None:
+            source = "--url" if os.environ.get("FANOUT_HEALTH_URL") != args.url else "FANOUT_HEALTH_URL"
+            raise CommandError(f"{source}: {problem}")
     problems = asyncio.run(_check(args.url, args.timeout_s))
     for problem in problems:
         sys.stderr.write(f"fanout health: unhealthy: {problem}\n")

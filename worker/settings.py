@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from schema.cli import DEFAULT_REDIS_URL
 from schema.keys import MAX_JOB_SHARDS
 from schema.settings import load_settings
 
@@ -25,7 +26,7 @@ _NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything ``fanout worker`` reads from the environment (or CLI overrides)."""
 
-    redis_url: str = "redis://localhost:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     """Redis to use (``REDIS_URL``)."""
     redis_prefix: str = "fanout"
     """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""

@@ -44,7 +44,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +52,7 @@ import msgspec
 from aiohttp import web
 
 from schema import logs
+from schema.cli import CommandError, at_least, existing_directory, port_number
 from worker.upstream_errors import STATUS_CATEGORY
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -354,14 +355,29 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``upstream`` options."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8081, help="port (0: any free port, printed at start)")
-    env_root = os.environ.get("FANOUT_TRANSCRIPTS_DIR")
-    parser.add_argument("--transcripts", type=Path, action="append", default=[Path(env_root)] if env_root else [],
+    parser.add_argument("--port", type=port_number, default=8081,
+                        help="TCP port, 0-65535 (0: any free port, printed at start)")
+    parser.add_argument("--transcripts", type=existing_directory, action="append", default=[],
                         help="extra transcript root (<root>/<provider dir>/<case>.sse), searched first "
                              "(default: FANOUT_TRANSCRIPTS_DIR when set)")
-    parser.add_argument("--chunk-bytes", type=int, default=64, help="bytes per written chunk")
-    parser.add_argument("--delay-ms", type=int, default=10, help="pause between chunks")
-    parser.add_argument("--slow-delay-ms", type=int, default=1000, help="pause between chunks of slow-<case>")
+    parser.add_argument("--chunk-bytes", type=at_least(int, 1), default=64, help="bytes per written chunk (>= 1)")
+    parser.add_argument("--delay-ms", type=at_least(int, 0), default=10, help="pause between chunks (ms, >= 0)")
+    parser.add_argument("--slow-delay-ms", type=at_least(int, 0), default=1000,
+                        help="pause between chunks of slow-<case> (ms, >= 0)")
+
+
+def transcript_roots(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """Return the transcript roots in search order: ``FANOUT_TRANSCRIPTS_DIR``, each ``--transcripts``, the bundled.
+
+    Raises:
+        CommandError: ``FANOUT_TRANSCRIPTS_DIR`` names no directory (exit 2). A bad
+            ``--transcripts`` was already refused by argparse (:func:`schema.cli.existing_directory`).
+    """
+    env_root = environ.get("FANOUT_TRANSCRIPTS_DIR")
+    if env_root and not Path(env_root).is_dir():
+        raise CommandError(f"FANOUT_TRANSCRIPTS_DIR {env_root!r} is not a directory: "
+                           "point it at an existing transcript root, or unset it")
+    return (*([Path(env_root)] if env_root else []), *args.transcripts, *DEFAULT_ROOTS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -371,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
     (:mod:`schema.logs`); there is no access log, as a Gemini request carries its key in the query.
     """
     logs.configure_from_env(os.environ)
-    config = ServerConfig(roots=(*args.transcripts, *DEFAULT_ROOTS), chunk_bytes=args.chunk_bytes,
+    config = ServerConfig(roots=transcript_roots(args, os.environ), chunk_bytes=args.chunk_bytes,
                           delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms)
     asyncio.run(_serve(make_app(config), args.host, args.port))
     return 0
