@@ -314,6 +314,12 @@ def test_worker_with_redis_unreachable_prints_one_line_and_exits_4() -> None:
     assert len(done.stderr.strip().splitlines()) <= 3  # two log lines at start, then the one line
 
 
+def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() -> None:
+    done = fanout("worker", env={"FANOUT_ANTHROPIC_BASE_URL": "notaurl", "REDIS_URL": "redis://127.0.0.1:1/0"})
+    line = one_line(done, 2, "FANOUT_ANTHROPIC_BASE_URL='notaurl'", "expected an http(s) URL with a host")
+    assert line.startswith("fanout worker: bad configuration:")
+
+
 def test_worker_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
     one_line(fanout("worker", "--redis-url", "localhost:6379"), 2, "--redis-url", "redis://host:6379/0")
 
