@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint typecheck unit schema image-check clean
+.PHONY: demo test install lint typecheck unit schema helm-template image-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'
@@ -31,6 +31,10 @@ test: lint typecheck
 
 schema: install
 	$(BIN)/python -m schema.jsonschema
+
+# Print the chart's manifests without a helm binary: make helm-template ARGS="-f my-values.yaml"
+helm-template: install
+	@$(BIN)/python scripts/helm_template.py $(ARGS)
 
 # Build the Dockerfile with buildah on a Debian base and run the image (root; see scripts/).
 image-check:

@@ -51,7 +51,8 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: Positive = 1024 * 1024
     """Largest accepted request body, bytes; one more byte is a 413."""
     max_connections: Positive = 10_000
-    """Open SSE responses per process; one more is a 503 with ``Retry-After``."""
+    """Open SSE responses per process; one more ``/events`` request is answered 200 with only a
+    ``retry:`` hint and a ``busy: too-many-connections`` comment (``/ui``: 503 with ``Retry-After``)."""
     busy_retry_after_s: Positive = 2
     """Reconnection delay hinted to a client turned away for a transient reason, seconds:
     ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, spread) of an SSE

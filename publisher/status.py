@@ -20,7 +20,7 @@ from aiohttp import web
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
-from publisher.state import KEYS, REDIS, SETTINGS, STORE
+from publisher.state import KEYS, REDIS, SETTINGS, SHARDS, STORE
 from publisher.tokens import Scope
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
@@ -127,7 +127,10 @@ async def readyz(request: web.Request) -> web.Response:
     Within :data:`READY_TIMEOUT_S`: PING, a probe write (:func:`worker.storage.probe_write`,
     ``SET P:probe 1 PX``: fails while Redis refuses writes, e.g. OOM, READONLY, MISCONF),
     ``cluster_state:ok`` on every primary (cluster mode), and ``XINFO GROUPS`` of every
-    jobs stream in use shows ``workers``.
+    jobs stream in use shows ``workers``. A missing group is created here, as a worker
+    creates it (:meth:`publisher.submit.JobShards.restore_groups`), so a publisher
+    started before Redis, or a Redis that came back empty, is ready without waiting for
+    a worker: submissions are kept from id 0 for the first worker to read.
 
     Raises:
         ProblemError: 503 ``redis-unavailable`` naming what failed.
@@ -140,11 +143,11 @@ async def readyz(request: web.Request) -> web.Response:
             problems = [written] if written else []
             problems += await cluster_problems(redis)
             missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
+            if missing:
+                problems += await request.app[SHARDS].restore_groups(redis, missing)
     except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
         detail = f"Redis does not answer: {type(exc).__name__}: {safe_message(str(exc))}"
         raise ProblemError("redis-unavailable", detail) from exc
-    if missing:
-        problems.append(f"jobs streams without the 'workers' group (Redis lost its data?): {', '.join(missing)}")
     if problems:
         raise ProblemError("redis-unavailable", "; ".join(problems))
     return web.json_response({"status": "ok"})

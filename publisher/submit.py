@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 from opentelemetry import propagate
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from publisher.auth import require_api_key
 from publisher.limits import path_stream_id, read_body
@@ -104,6 +104,43 @@ class JobShards:
             return False
         self._announced_at = now
         return True
+
+
+    async def restore_groups(self, redis: RedisClient, streams: list[str]) -> list[str]:
+        """Record the shard count and create the ``workers`` group of each of ``streams``.
+
+        ``/readyz`` calls it for the jobs streams it found without their group: a Redis
+        that did not answer when this publisher started (so :func:`announce_shards` could
+        not create them), a mistyped prefix, or a Redis that lost its data. The group is
+        the one a worker creates (:func:`worker.intake.ensure_group`: start id 0 and
+        ``MKSTREAM``), so jobs submitted before any worker started are read, and creating
+        it is idempotent (``BUSYGROUP``, a worker was first, is not an error): no job is
+        lost or delivered twice by it.
+
+        Args:
+            redis: The command client.
+            streams: Jobs stream keys, each possibly absent.
+
+        Returns:
+            One problem per stream whose group Redis refused to create (e.g. ``WRONGTYPE``:
+            the key is not a stream); empty when every group now exists.
+
+        Raises:
+            redis.exceptions.RedisError: Redis failed otherwise (the caller answers 503).
+        """
+        await redis.sadd(self.keys.job_shards, str(self.shards))
+        self._announced_at = time.monotonic()
+        problems = []
+        for stream in streams:
+            try:
+                created = await ensure_group(redis, stream)
+            except ResponseError as exc:
+                problems.append(f"jobs stream {stream}: cannot create its 'workers' group: {exc}")
+                continue
+            if created:
+                log.warning("created the 'workers' consumer group of jobs stream %s (start id 0): Redis had none "
+                            "(a fresh Redis, or one that lost its data)", stream)
+        return problems
 
 
 async def announce_shards(redis: RedisClient, shards: JobShards) -> None:

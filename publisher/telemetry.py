@@ -93,7 +93,8 @@ class Telemetry:
         self.gaps = meter.create_counter(
             "fanout.sse.gaps", unit="{response}", description="Responses ended by a stream.gap frame")
         self.refused = meter.create_counter(
-            "fanout.sse.refused", unit="{request}", description="SSE requests refused (503), by reason")
+            "fanout.sse.refused", unit="{request}",
+            description="SSE requests turned away (200 with only a retry: hint), by reason")
         self.redis_errors = meter.create_counter(
             "fanout.redis.errors", unit="{error}", description="Redis errors seen, by kind")
         self._start_at_zero()

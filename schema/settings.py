@@ -8,9 +8,10 @@ Pure: takes the mapping, reads nothing itself.
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -20,6 +21,18 @@ T = TypeVar("T", bound=msgspec.Struct)
 
 PREFIX = "FANOUT_"
 """Prefix of every fanout variable."""
+
+
+EXPECTED_KINDS: Final = {
+    "bool": "a boolean: 1, 0, true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "text",
+}
+"""How a refused value's expected type is worded, by msgspec's type name. The booleans are
+what ``msgspec.convert(..., strict=False)`` takes from text (``true``/``false`` in any case)."""
+
+_EXPECTED = re.compile(r"Expected `(\w+)`(?:, got `[^`]+`)?(.*)", re.DOTALL)
 
 
 class SettingsError(FanoutError):
@@ -52,20 +65,33 @@ def _name_variable(cls: type[msgspec.Struct], message: str, raw: Mapping[str, ob
                    environ: Mapping[str, str]) -> str:
     """Rewrite msgspec's ``... - at `$.field``` into the variable that set the field, with its value.
 
-    A field set by a CLI flag (not in ``environ``) is named as the field; a value outside
-    a fixed set (a ``Literal``) is answered with the accepted values.
+    A field set by a CLI flag (not in ``environ``) is named as the field; the reason is
+    worded as what the variable accepts (:func:`_plain`).
     """
     detail, sep, path = message.rpartition(" - at `$.")
     if not sep:
         return f"{message} (variables FANOUT_<FIELD>)"
     field = path.rstrip("`").split("[", 1)[0].split(".", 1)[0]
-    choices = _choices(cls, field)
-    if choices and detail.startswith("Invalid enum value"):
-        detail = f"{detail}; one of {', '.join(choices)}"
+    detail = _plain(detail, _choices(cls, field))
     for name in (PREFIX + field.upper(), field.upper()):
         if name in environ:
             return f"{name}={environ[name]!r}: {detail}"
     return f"{field}={raw.get(field)!r}: {detail}"
+
+
+def _plain(detail: str, choices: list[str]) -> str:
+    """Word msgspec's ``Expected `int`, got `str``` as what is accepted: ``expected an integer``.
+
+    A range keeps its bound (``expected an integer >= 1``); a value outside a ``Literal``
+    gets the accepted values (``expected one of auto, classic, sharded``). Other messages
+    are returned as they are.
+    """
+    if choices and detail.startswith("Invalid enum value"):
+        return f"expected one of {', '.join(choices)}"
+    match = _EXPECTED.fullmatch(detail)
+    if match is None or match[1] not in EXPECTED_KINDS:
+        return detail
+    return f"expected {EXPECTED_KINDS[match[1]]}{match[2]}"
 
 
 def _split_list(cls: type[msgspec.Struct], key: str, value: str) -> object:

@@ -24,8 +24,13 @@ import jsonschema
 import kubernetes_validate.utils as kv
 import pytest
 import yaml
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from publisher.settings import PublisherSettings
+from publisher.telemetry import Telemetry
 from schema.settings import load_settings
 from worker.settings import WorkerSettings, load_worker_settings
 
@@ -288,6 +293,44 @@ def test_dashboard_json_is_generated_and_every_panel_has_a_query() -> None:
                    "fanout_delivery_latency_seconds_bucket", "fanout_sse_readers", "fanout_jobs_pending",
                    "fanout_redis_errors_total"):
         assert metric in text, metric
+
+
+def publisher_scrape_gauges() -> set[str]:
+    """Names of the gauges a publisher's Prometheus scrape serves: its instruments through the real exporter."""
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    try:
+        Telemetry(meter_provider=provider)
+        families = text_string_to_metric_families(generate_latest(registry).decode())
+        return {family.name for family in families if family.type == "gauge" and family.name.startswith("fanout_")}
+    finally:
+        provider.shutdown()
+
+
+def test_publisher_autoscaling_metric_is_a_gauge_the_publisher_exports() -> None:
+    hpa = one(render(EVERYTHING), "HorizontalPodAutoscaler", "rel-fanout-publisher")
+    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert names == ["fanout_sse_readers"]
+    assert set(names) <= publisher_scrape_gauges()
+
+
+def test_helm_template_script_renders_what_helm_renders(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(MINIMAL))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "helm_template.py"), "-f", str(values),
+                           "--name", RELEASE, "--namespace", NAMESPACE], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    printed = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert sorted(printed, key=json.dumps) == sorted(render(MINIMAL), key=json.dumps)
+
+
+def test_helm_template_script_without_redis_fails_with_helms_reason() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "helm_template.py")], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert "set redis.url or redis.existingSecret" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_dashboard_configmap_carries_the_json_and_the_sidecar_label() -> None:

@@ -7,10 +7,12 @@ Exit 0 when, within the timeout, Redis (``REDIS_URL``, default ``redis://localho
 ``cluster_state:ok`` (cluster mode), every jobs stream in use (``FANOUT_JOB_SHARDS``, the
 recorded shard counts, ``FANOUT_REDIS_PREFIX``) has its ``workers`` consumer group, and,
 when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
-printing each problem with the server's message. A missing group means Redis lost its data
-(restart without persistence, failover to an empty replica): a running worker recreates
-it on its next read, so the check passes again once one did. Exit 2 when ``REDIS_URL`` is
-not a Redis URL, ``--url`` is not an ``http(s)://`` URL, or ``--timeout-s`` is not above 0.
+printing each problem with the server's message. A missing group means no worker (nor
+publisher, whose ``/readyz`` creates it) has run under this prefix yet, a mistyped
+``FANOUT_REDIS_PREFIX``, or a Redis that lost its data (restart without persistence,
+failover to an empty replica): a running worker recreates it on its next read, so the
+check passes again once one did. Exit 2 when ``REDIS_URL`` is not a Redis URL, ``--url``
+is not an ``http(s)://`` URL, or ``--timeout-s`` is not above 0.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def missing_group_problem(stream: str, prefix: str) -> str:
+    """Word a jobs stream without its ``workers`` group, naming the likelier causes first."""
+    return (f"redis: jobs stream {stream} has no consumer group 'workers': no worker has started under "
+            f"FANOUT_REDIS_PREFIX={prefix} yet, the prefix is mistyped, or Redis lost its data "
+            "(a running worker recreates the group on its next read)")
+
+
 async def redis_problems(timeout_s: float) -> list[str]:
     """Check the Redis of the environment (module docstring; ``REDIS_URL`` unset: its default); ``[]`` when healthy."""
     try:
@@ -79,8 +88,7 @@ async def redis_problems(timeout_s: float) -> list[str]:
             problems = [f"redis: {written}"] if written else []
             problems += [f"redis cluster: {p}" for p in await cluster_problems(client)]
             streams = await streams_in_use(client, keys, settings.job_shards)
-            problems += [f"redis: jobs stream {s} has no consumer group 'workers' (Redis lost its data?)"
-                         for s in await missing_groups(client, streams)]
+            problems += [missing_group_problem(s, settings.redis_prefix) for s in await missing_groups(client, streams)]
             return problems
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
         return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {safe_message(str(exc))}"]

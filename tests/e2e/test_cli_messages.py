@@ -314,6 +314,12 @@ def test_worker_with_redis_unreachable_prints_one_line_and_exits_4() -> None:
     assert len(done.stderr.strip().splitlines()) <= 3  # two log lines at start, then the one line
 
 
+def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() -> None:
+    done = fanout("worker", env={"FANOUT_ANTHROPIC_BASE_URL": "notaurl", "REDIS_URL": "redis://127.0.0.1:1/0"})
+    line = one_line(done, 2, "FANOUT_ANTHROPIC_BASE_URL='notaurl'", "expected an http(s) URL with a host")
+    assert line.startswith("fanout worker: bad configuration:")
+
+
 def test_worker_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
     one_line(fanout("worker", "--redis-url", "localhost:6379"), 2, "--redis-url", "redis://host:6379/0")
 
@@ -392,10 +398,7 @@ def test_publisher_with_redis_unreachable_warns_is_not_ready_then_ready_when_red
         redis = subprocess.Popen([REDIS_SERVER, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                                   "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
         wait_for_port(redis_port)
-        # Readiness also needs the jobs group, which workers create (none runs here): make it as one would.
-        subprocess.run([REDIS_SERVER.replace("redis-server", "redis-cli"), "-p", str(redis_port), "XGROUP", "CREATE",
-                        "fanout:jobs:{0}", "workers", "0", "MKSTREAM"], check=True, capture_output=True, timeout=30)
-        _wait_status(f"http://127.0.0.1:{port}/readyz", 200)
+        _wait_status(f"http://127.0.0.1:{port}/readyz", 200)  # no worker runs: the publisher made the jobs group
     finally:
         publisher.terminate()
         publisher.wait(timeout=30)
@@ -446,6 +449,16 @@ def test_health_without_redis_url_checks_the_default_redis() -> None:
         with contextlib.suppress(redis.ConnectionError):
             default.delete(Keys(prefix).jobs_shard(0), Keys(prefix).probe)
         default.close()
+
+
+def test_health_under_a_prefix_no_worker_used_names_the_likely_causes(single_redis_url: str) -> None:
+    prefix = f"typo-{uuid.uuid4().hex[:8]}"
+    done = fanout("health", "--timeout-s", "3", env={"REDIS_URL": single_redis_url, "FANOUT_REDIS_PREFIX": prefix})
+    line = one_line(done, 1, f"jobs stream {prefix}:jobs:{{0}} has no consumer group 'workers'")
+    assert f"no worker has started under FANOUT_REDIS_PREFIX={prefix} yet" in line
+    assert "mistyped" in line
+    assert "Redis lost its data" in line
+    assert "(Redis lost its data?)" not in line
 
 
 def test_publisher_takes_redis_url_and_prefix_flags(single_redis_url: str) -> None:

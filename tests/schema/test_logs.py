@@ -61,7 +61,7 @@ def test_the_flag_overrides_the_variable():
 def test_a_bad_value_is_named_with_the_accepted_values(name, value, accepted):
     with pytest.raises(SettingsError) as caught:
         logs.load({name: value})
-    assert str(caught.value) == f"bad configuration: {name}={value!r}: Invalid enum value {value!r}; {accepted}"
+    assert str(caught.value) == f"bad configuration: {name}={value!r}: expected {accepted}"
 
 
 def test_a_bad_value_is_a_usage_error_for_the_command_line(root):

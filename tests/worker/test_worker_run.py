@@ -181,6 +181,33 @@ def test_settings_read_from_environment() -> None:
     assert settings.lease_renew_s == settings.lease_s / 3
 
 
+@pytest.mark.parametrize(("name", "value", "shown", "why"), [
+    ("FANOUT_ANTHROPIC_BASE_URL", "notaurl", "notaurl", "expected an http(s) URL with a host, e.g. https://api.anthropic.com"),
+    ("FANOUT_OPENAI_BASE_URL", "api.openai.com/v1", "api.openai.com/v1", "expected an http(s) URL with a host"),
+    ("FANOUT_OPENAI_BASE_URL", "ftp://mirror/v1", "ftp://mirror/v1", "expected an http(s) URL with a host"),
+    ("FANOUT_GEMINI_BASE_URL", "https://", "https://", "expected an http(s) URL with a host"),
+    ("FANOUT_GEMINI_BASE_URL", "http://h:70000", "http://h:70000", "Port out of range"),
+    ("FANOUT_GEMINI_BASE_URL", "http://h:0", "http://h:0", "(port 0)"),
+    ("FANOUT_ANTHROPIC_BASE_URL", "https://u:pw@proxy x", "https://u:***@proxy x", "expected an http(s) URL"),
+], ids=["word", "no-scheme", "ftp", "no-host", "port-range", "port-0", "space-and-password"])
+def test_a_provider_base_url_that_is_not_an_http_url_with_a_host_is_refused(name: str, value: str, shown: str,
+                                                                             why: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_worker_settings({name: value})
+    message = str(caught.value)
+    assert message.startswith(f"bad configuration: {name}={shown!r}: ")
+    assert why in message
+    assert ":pw@" not in message
+
+
+def test_provider_base_urls_with_a_host_are_accepted() -> None:
+    settings = load_worker_settings({"FANOUT_OPENAI_BASE_URL": "http://127.0.0.1:8080/v1",
+                                     "FANOUT_ANTHROPIC_BASE_URL": "https://u:pw@proxy.internal",
+                                     "FANOUT_GEMINI_BASE_URL": "http://[::1]:65535"})
+    assert settings.openai_base_url == "http://127.0.0.1:8080/v1"
+    assert settings.gemini_base_url == "http://[::1]:65535"
+
+
 def test_worker_command_rejects_bad_configuration(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("FANOUT_IDLE_TIMEOUT_S", "-1")
