@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
@@ -32,7 +31,7 @@ from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack
 from schema import logs
-from schema.cli import above, at_least
+from schema.cli import above, at_least, redact_url
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
@@ -101,7 +100,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(args: argparse.Namespace) -> int:
     with redis_url() as url:
         source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
-        shown = f"{_mask_password(url)} (REDIS_URL)" if source == "REDIS_URL" else source
+        shown = f"{redact_url(url)} (REDIS_URL)" if source == "REDIS_URL" else source
         sys.stdout.write(f"redis: {shown}\n")
         prefix = os.environ.get("FANOUT_REDIS_PREFIX") or None  # empty: the stack picks a random one
         stack = LocalStack(url, delay_ms=args.delay_ms, chunk_bytes=args.chunk_bytes, prefix=prefix,
@@ -190,7 +189,7 @@ def announcement(stack: LocalStack, url: str, source: str) -> str:
     Printed before the demo streams start. The Redis URL's password, if any, is masked
     (it is the one in ``REDIS_URL``).
     """
-    shown = _mask_password(url)
+    shown = redact_url(url)
     attach = f"redis-cli -s {url.removeprefix('unix://')}" if url.startswith("unix://") else f"redis-cli -u {shown}"
     if shutil.which("redis-cli") is None:
         attach = "(with any Redis client; redis-cli is not on PATH)"
@@ -205,14 +204,6 @@ def announcement(stack: LocalStack, url: str, source: str) -> str:
             f"  in another shell: export FANOUT_URL={stack.base_url} FANOUT_API_KEY={stack.api_key} "
             f"REDIS_URL={shown} FANOUT_REDIS_PREFIX={stack.prefix}\n"
             "  models: any case name in transcripts/<provider dir>/ (prefix slow- to pace it)\n")
-
-
-def _mask_password(url: str) -> str:
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
 
 
 async def _demo(stack: LocalStack) -> int:

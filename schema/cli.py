@@ -17,7 +17,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from fanout_client.errors import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from fanout_client.errors import EXIT_OK as EXIT_OK
@@ -33,6 +33,9 @@ DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 """The Redis every role uses when ``REDIS_URL`` (or ``--redis-url``) is unset (README, configuration)."""
 MAX_PORT: Final = 65535
 """Largest TCP port number (RFC 793: ports are 16-bit)."""
+SECRET_QUERY_NAMES: Final = frozenset({"password"})
+"""Query options of a Redis URL that hold a credential: redis-py passes every query option to
+its connections, so ``redis://host/0?password=pw`` authenticates as ``redis://:pw@host/0`` does."""
 
 
 def at_least(kind: Callable[[str], int], low: int) -> Callable[[str], int]:
@@ -97,6 +100,11 @@ def existing_directory(text: str) -> Path:
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (for messages and logs).
 
+    Both places redis-py reads a password from are masked: the user info
+    (``redis://user:pw@host``) and the ``password`` query option (``?password=pw``,
+    :data:`SECRET_QUERY_NAMES`; its name compared as redis-py decodes it). Everything else
+    is shown as written.
+
     Args:
         url: Any URL text, possibly malformed (then returned as ``<unparsable URL>``
             when it could hold a password, else unchanged).
@@ -105,12 +113,24 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:
-        return "<unparsable URL>" if "@" in url else url
-    if not password:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        return "<unparsable URL>" if "@" in url or "password" in url.lower() else url
+    if password:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    head, mark, tail = url.partition("?")  # the query, as written, up to a fragment
+    query, hash_mark, fragment = tail.partition("#")
+    return head + mark + _masked_query(query) + hash_mark + fragment
+
+
+def _masked_query(query: str) -> str:
+    """Return ``query`` with the value of each option named in :data:`SECRET_QUERY_NAMES` replaced by ``***``."""
+    pairs = query.split("&")
+    for index, pair in enumerate(pairs):
+        name, equals, _ = pair.partition("=")
+        if equals and unquote_plus(name).strip().lower() in SECRET_QUERY_NAMES:
+            pairs[index] = f"{name}=***"
+    return "&".join(pairs)
 
 
 def check_redis_url(url: str, *, source: str = "REDIS_URL") -> None:

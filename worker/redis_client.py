@@ -24,7 +24,8 @@ Stale connections (Redis restarted, a failover): every client retries a command 
 failed on a connection or timeout error :data:`RETRIES` times with jittered exponential
 backoff (:data:`RETRY_BASE_S` .. :data:`RETRY_CAP_S`), and PINGs a connection idle longer
 than :data:`HEALTH_CHECK_INTERVAL_S` before using it, so a dead pooled connection is
-replaced instead of failing a request. A retried non-idempotent command may have been
+replaced instead of failing a request. A connection the peer reset (TCP RST) while it sat
+in the pool is one of those on uvloop too (:class:`_ResetSafe`). A retried non-idempotent command may have been
 applied once already: the append script's fenced seq check makes its retry exact; an
 ``XADD`` of a job is at worst enqueued twice, and the second claim finds the stream
 running or done (:mod:`worker.lease`).
@@ -37,11 +38,12 @@ from __future__ import annotations
 
 import inspect
 import random
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, TypeVar, cast
 
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -99,14 +101,76 @@ class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = RETRIES
 
 
+_C = TypeVar("_C", bound=AbstractConnection)
+
+
+class _ResetSafe(AbstractConnection):
+    """A connection whose write to a transport already closed by a peer's reset is a ``ConnectionError``.
+
+    When the peer resets (TCP RST) a connection idle in the pool, uvloop closes its
+    transport, redis-py's pool check does not notice (the stream reader holds the error,
+    not an end of file), and the next write raises ``RuntimeError`` ("unable to perform
+    operation on <TCPTransport closed=True ...>; the handler is closed"), which the retry
+    does not cover: the command failed, and an SSE request got a ``500``. asyncio's own loop
+    drops such a write and fails the read with ``ConnectionError``. As a ``ConnectionError``
+    it is retried on a new connection (redis-py has already closed this one).
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """Send as redis-py does; a write refused by a transport the peer reset raises ``ConnectionError``."""
+        writer = self._writer
+        try:
+            await super().send_packed_command(command, check_health)
+        except RuntimeError as exc:
+            if writer is None or not writer.transport.is_closing():
+                raise
+            raise RedisConnectionError(f"connection reset by the peer before the write: {exc}") from exc
+
+
+class _TCPConnection(_ResetSafe, Connection):
+    """``redis://`` (:class:`_ResetSafe`)."""
+
+
+class _SSLConnection(_ResetSafe, SSLConnection):
+    """``rediss://`` (:class:`_ResetSafe`)."""
+
+
+class _UnixConnection(_ResetSafe, UnixDomainSocketConnection):
+    """``unix://`` (:class:`_ResetSafe`)."""
+
+
+_RESET_SAFE: Final[dict[type[AbstractConnection], type[AbstractConnection]]] = {
+    Connection: _TCPConnection, SSLConnection: _SSLConnection, UnixDomainSocketConnection: _UnixConnection}
+"""redis-py's connection class for a URL scheme -> the same made :class:`_ResetSafe`."""
+
+
+def _reset_safe(cls: type[_C]) -> type[_C]:
+    """Return the :class:`_ResetSafe` subclass of redis-py's ``cls`` (``cls`` itself when it is none of the three)."""
+    return cast("type[_C]", _RESET_SAFE.get(cls, cls))
+
+
+def _reset_safe_pool(client: aioredis.Redis) -> aioredis.Redis:
+    """Make the connections ``client``'s pool opens from now on :class:`_ResetSafe`; return ``client``."""
+    pool = client.connection_pool
+    pool.connection_class = _reset_safe(pool.connection_class)
+    return client
+
+
 class _Cluster(RedisCluster):
-    """redis-py's cluster client, routing ``XREADGROUP`` by its keys itself.
+    """redis-py's cluster client, routing ``XREADGROUP`` by its keys itself; its connections are :class:`_ResetSafe`.
 
     redis-py asks the server (``COMMAND GETKEYS``, twice) for the keys of a command with
     "movable keys" such as ``XREADGROUP`` before sending it, tripling what an idle worker
     sends and putting it all on one node. The keys of ``XREADGROUP GROUP g c [COUNT n]
     [BLOCK ms] [NOACK] STREAMS k.. id..`` follow ``STREAMS`` (the first half of the rest).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the nodes found later are built from these kwargs (one dict, shared with the nodes manager)
+        self.connection_kwargs["connection_class"] = _reset_safe(self.connection_kwargs["connection_class"])
+        for node in self.nodes_manager.startup_nodes.values():
+            node.connection_class = _reset_safe(node.connection_class)
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if str(command).upper() == "XREADGROUP":
@@ -159,10 +223,10 @@ def connect(url: str, options: RedisOptions | None = None) -> RedisClient:
     if options.pool_timeout_s is not None:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=options.max_connections or 50, timeout=options.pool_timeout_s, **kwargs)
-        return aioredis.Redis.from_pool(pool)
+        return _reset_safe_pool(aioredis.Redis.from_pool(pool))
     if options.max_connections is not None:
         kwargs["max_connections"] = options.max_connections
-    return aioredis.Redis.from_url(url, **kwargs)
+    return _reset_safe_pool(aioredis.Redis.from_url(url, **kwargs))
 
 
 def is_cluster(client: RedisClient) -> bool:
@@ -182,7 +246,7 @@ _REDIS_PARAMS: Final = frozenset(inspect.signature(aioredis.Redis.__init__).para
 def _of_node(node: ClusterNode) -> aioredis.Redis:
     # the node's connection kwargs, less those only the cluster client knows
     kwargs = {k: v for k, v in node.connection_kwargs.items() if k in _REDIS_PARAMS}
-    return aioredis.Redis(host=node.host, port=int(node.port), **kwargs)
+    return _reset_safe_pool(aioredis.Redis(host=node.host, port=int(node.port), **kwargs))
 
 
 async def node_client(client: RedisClient) -> aioredis.Redis:

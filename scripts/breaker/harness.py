@@ -43,9 +43,16 @@ return n
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port in 40000-45000 (the range the helpers' private servers use)."""
+    for _ in range(500):
+        port = random.randint(40000, 45000)  # noqa: S311
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 40000-45000")
 
 
 class Redis:

@@ -24,7 +24,7 @@ async def run(seed: int, streams: int, readers: int, env: dict[str, str]) -> int
     redis.start()
     pub = Publisher(redis.url, **env)
     pub.start()
-    client = aioredis.from_url(redis.url)
+    client = aioredis.from_url(redis.url, max_connections=2000)
     keys = Keys(PREFIX)
     worker = Worker(client, keys)
     failures: list[str] = []

@@ -320,6 +320,18 @@ def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() ->
     assert line.startswith("fanout worker: bad configuration:")
 
 
+@pytest.mark.parametrize("command", [("worker",), ("health",), ("export", "--output", os.devnull)])
+def test_a_redis_password_given_in_the_url_query_is_never_printed(command: tuple[str, ...]) -> None:
+    """redis-py authenticates with ``?password=`` as with ``:password@``: both are masked alike."""
+    url = f"redis://127.0.0.1:{free_port()}/0?password=query-secret-pw&socket_timeout=5"
+    done = fanout(*command, env={"REDIS_URL": url, "FANOUT_LOG_LEVEL": "DEBUG"}, timeout=60)
+    assert done.returncode != 0
+    assert "127.0.0.1" in done.stderr  # the message names the URL
+    assert "query-secret-pw" not in done.stderr + done.stdout
+    assert "password=***" in done.stderr
+    assert "socket_timeout=5" in done.stderr  # other options are shown as given
+
+
 def test_worker_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
     one_line(fanout("worker", "--redis-url", "localhost:6379"), 2, "--redis-url", "redis://host:6379/0")
 
@@ -489,3 +501,22 @@ def test_publisher_takes_redis_url_and_prefix_flags(single_redis_url: str) -> No
 def test_publisher_redis_url_flag_that_is_not_one_is_named_in_the_error() -> None:
     done = fanout("publisher", "--port", "0", "--redis-url", "localhost:6379", env={"FANOUT_DEV": "1"})
     one_line(done, 2, "--redis-url", "redis://host:6379/0")
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_the_publisher_warning_about_unreachable_redis_masks_a_password_given_in_the_url_query(log_format: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0?password=query-secret-pw"
+    env = {**os.environ, "REDIS_URL": url, "FANOUT_DEV": "1", "FANOUT_API_KEYS": "k", "FANOUT_LOG_LEVEL": "DEBUG",
+           "FANOUT_LOG_FORMAT": log_format}
+    publisher = subprocess.Popen([sys.executable, "-m", "fanout_cli", "publisher", "--port", str(free_port())],
+                                 env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        warning = _line_within(publisher, "does not answer", timeout_s=30)
+    finally:
+        publisher.terminate()
+        publisher.wait(timeout=30)
+        rest = publisher.stderr.read() if publisher.stderr is not None else ""
+        if publisher.stderr is not None:
+            publisher.stderr.close()
+    assert "password=***" in warning
+    assert "query-secret-pw" not in warning + rest
