@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,7 +20,7 @@ import aiohttp
 
 from schema.keys import JOBS_GROUP, Keys
 from tests.publisher.helpers import API_KEY
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisServer, free_port
 from tests.worker.support import fake_upstream, running_worker, settings_for, stored_events, wait_done, wait_for
 from worker.redis_client import RedisOptions, connect
 
@@ -31,23 +29,11 @@ MODEL = "simple_text_cyrillic_usage_chunk"
 BODY = {"provider": "openai_chat", "model": MODEL, "request": {"messages": [{"role": "user", "content": "hi"}]}}
 
 
-def _free_port(low: int = 40000, high: int = 45000) -> int:
-    for _ in range(200):
-        port = random.randint(low, high)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port found")
-
-
 @contextlib.contextmanager
 def _redis_later() -> Iterator[RedisServer]:
-    """A private server on a fixed port in 40000-45000, not started yet; stopped at the end."""
+    """A private server on a free loopback port, not started yet; stopped at the end."""
     server = RedisServer()
-    server.port = _free_port()
+    server.port = free_port(cluster=False)
     try:
         yield server
     finally:
@@ -57,7 +43,7 @@ def _redis_later() -> Iterator[RedisServer]:
 @contextlib.asynccontextmanager
 async def _publisher(redis_url: str, keys: Keys, log: Path) -> AsyncIterator[str]:
     """Run ``fanout publisher`` against ``redis_url`` (which may not answer yet); yield its base URL."""
-    port = _free_port(20000, 39999)
+    port = free_port(cluster=False)
     env = {**os.environ, "REDIS_URL": redis_url, "FANOUT_REDIS_PREFIX": keys.prefix, "FANOUT_DEV": "1",
            "FANOUT_API_KEYS": API_KEY}
     with log.open("w") as err:
