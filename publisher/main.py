@@ -102,7 +102,7 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider)
-    runner = EdgeRunner(app, handle_signals=False, **RUNNER_KWARGS)
+    runner = EdgeRunner(app, handle_signals=False, shutdown_timeout=settings.shutdown_grace_s, **RUNNER_KWARGS)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -114,7 +114,8 @@ async def serve(settings: PublisherSettings, host: str, port: int) -> int:
     await warn_unless_redis_answers(app, settings.redis_url)
     freeze_startup_objects()
     await stop.wait()
-    log.info("stopping: no new connections; closing event streams over %ss", settings.shutdown_window_s)
+    log.info("stopping: no new connections; closing event streams over %ss, then %ss for what still runs",
+             settings.shutdown_window_s, settings.shutdown_grace_s)
     await runner.cleanup()
     providers.shutdown()
     log.info("stopped")

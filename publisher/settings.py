@@ -68,6 +68,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Longest time to receive a whole request body, seconds; past it a 408 problem."""
     shutdown_window_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     """On SIGTERM, open SSE responses are closed spread over this window, seconds."""
+    shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    """After the window, requests still running (a response blocked writing to a client that
+    stopped reading, a submission in flight) get this long to finish; then they are cancelled
+    and their connections closed, seconds."""
     cors_origins: list[str] = msgspec.field(default_factory=list)
     """Origins allowed by CORS (comma-separated); ``*`` allows any."""
     redis_url: str = DEFAULT_REDIS_URL

@@ -187,6 +187,7 @@ def test_default_configmap_loads_in_both_processes() -> None:
     assert worker.drain_s == float(VALUES["worker", "drainSeconds"])
     assert worker.redis_prefix == publisher.redis_prefix == VALUES["redis", "prefix"]
     assert publisher.shutdown_window_s == float(VALUES["publisher", "shutdownWindowSeconds"])
+    assert publisher.shutdown_grace_s == float(VALUES["publisher", "shutdownGraceSeconds"])
 
 
 def test_worker_gets_every_provider_key_the_code_reads() -> None:
@@ -224,7 +225,7 @@ def test_probe_paths_are_publisher_routes() -> None:
     assert set(paths) <= routes
 
 
-def test_grace_periods_outlast_the_drain_and_the_shutdown_window() -> None:
+def test_grace_periods_outlast_the_drain_and_the_shutdown_window_and_grace() -> None:
     worker = (CHART / "templates" / "worker-deployment.yaml").read_text()
     margin = re.search(r"terminationGracePeriodSeconds: \{\{ add \(ceil \$worker\.drainSeconds\) (\d+) \}\}", worker)
     assert margin, "worker grace period is not drainSeconds plus a margin"
@@ -232,7 +233,7 @@ def test_grace_periods_outlast_the_drain_and_the_shutdown_window() -> None:
     publisher = (CHART / "templates" / "publisher-deployment.yaml").read_text()
     assert re.search(
         r"terminationGracePeriodSeconds: \{\{ add \(ceil \$publisher\.preStopSleepSeconds\) "
-        r"\(ceil \$publisher\.shutdownWindowSeconds\) [1-9]\d* \}\}",
+        r"\(ceil \$publisher\.shutdownWindowSeconds\) \(ceil \$publisher\.shutdownGraceSeconds\) [1-9]\d* \}\}",
         publisher,
     )
     assert "preStop:" in publisher

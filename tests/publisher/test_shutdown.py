@@ -4,9 +4,11 @@ its SSE responses spread over FANOUT_SHUTDOWN_WINDOW_S and exit 0."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,7 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.publisher.helpers import API_KEY, GUARD_S, SECRET, SSEClient, StreamWriter, bearer, start
+from schema.contract import encode_event
+from tests.publisher.helpers import API_KEY, GUARD_S, SECRET, SSEClient, StreamWriter, bearer, block_start, delta, start
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_S = 1.5
@@ -93,6 +96,42 @@ async def test_sigterm_stops_accepting_and_closes_streams_spread_over_the_window
             resp.close()
     assert await asyncio.wait_for(proc.wait(), GUARD_S) == 0
     assert times[-1] - times[0] >= WINDOW_S * (2 / 3) * 0.6  # spread, not all at once
+
+
+async def test_a_response_blocked_on_a_stalled_client_is_cancelled_after_the_grace(ctx, spawn, redis_url):
+    """A client that stops reading mid-replay holds its handler in a write (for up to
+    FANOUT_WRITE_TIMEOUT_S, here 300 s): SIGTERM still ends the process once the window and
+    FANOUT_SHUTDOWN_GRACE_S have passed, with that connection closed, not at the write timeout."""
+    events = [start(ctx.sid), block_start(ctx.sid, 2, 0)]
+    events += [delta(ctx.sid, seq, 0, "y" * 48_000) for seq in range(3, 243)]  # 11.5 MB: more than loopback buffers
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for event in events:
+            pipe.xadd(ctx.keys.events(ctx.sid), {"e": encode_event(event)}, id=f"0-{event.seq}")
+        await pipe.execute()
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).meta(last_seq=242)
+    proc = await spawn(publisher_env(redis_url, ctx.keys.prefix, FANOUT_SHUTDOWN_WINDOW_S="0.2",
+                                     FANOUT_SHUTDOWN_GRACE_S="0.5", FANOUT_WRITE_TIMEOUT_S="300"))
+    host, port = (await wait_listening(proc)).removeprefix("http://").rsplit(":", 1)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect((host, int(port)))
+    try:
+        stalled.sendall(f"GET /v1/streams/{ctx.sid}/events HTTP/1.1\r\nHost: x\r\n"
+                        f"Authorization: Bearer {API_KEY}\r\n\r\n".encode())
+        stalled.settimeout(GUARD_S)
+        assert stalled.recv(16).startswith(b"HTTP/1.1 200")  # the replay runs; then nothing is read
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), GUARD_S) == 0
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := stalled.recv(1 << 20):  # what the kernel held, then the close
+                received += chunk
+        assert not received.endswith(b"\r\n0\r\n\r\n")  # no last chunk: the client sees a cut, not an end
+        assert received.count(b"\nid: ") < 242
+        assert proc.stderr is not None
+        assert b"then 0.5s for what still runs" in await proc.stderr.read()
+    finally:
+        stalled.close()
 
 
 async def test_publisher_refuses_to_start_without_a_token_secret(spawn, redis_url, keys):
