@@ -95,6 +95,7 @@ def _redis_context(
         client = connect(url, RedisOptions(
             cluster=settings.redis_cluster, max_connections=settings.redis_max_connections,
             pool_timeout_s=settings.redis_pool_timeout_s,
+            socket_timeout_s=settings.redis_timeout_s, connect_timeout_s=settings.redis_timeout_s,
             client_name=f"fanout-publisher:{keys.prefix}",  # shows in CLIENT LIST
         ))
         commands = wrap_redis(client) if wrap_redis is not None else client

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,32 @@ async def test_an_unreachable_redis_is_logged_once_not_at_every_retry(caplog: py
     failed = [r for r in caplog.records if "pub/sub connection failed" in r.getMessage()]
     assert len(failed) == 1
     assert "1 attempts so far" in failed[0].getMessage()
+
+
+async def test_a_redis_that_stops_answering_fails_requests_after_the_redis_timeout_not_never() -> None:
+    """A frozen Redis (SIGSTOP: connections open, no replies) makes a status read answer 503
+    and an SSE request answer 200 with a ``retry:`` hint and end, once FANOUT_REDIS_TIMEOUT_S
+    (and its retries) ran out; both work again once Redis answers."""
+    keys = Keys(prefix="faults-frozen")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with private_redis() as server:
+        assert server.proc is not None
+        sid = "st_frozen"
+        async with _publisher(server.url, keys, redis_timeout_s=0.3) as base, \
+                aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(f"{base}/v1/streams/{sid}") as before:
+                assert before.status == 404  # Redis answers: no such stream
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}") as status:
+                    assert status.status == 503
+                    assert (await status.json())["detail"] == "storage is unavailable; retry later"
+                async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}/events") as sse:
+                    assert sse.status == 200
+                    body = await sse.read()
+                assert body.startswith(b"retry: ")
+                assert b"id: " not in body
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}") as after:
+                assert after.status == 404
