@@ -10,8 +10,10 @@ reads one shape from every container:
 
       ts=2025-01-31T09:30:00.123Z level=INFO logger=fanout.worker event=worker_start ...
 
-  (``ts`` is UTC, ISO 8601 with milliseconds; the message follows as the caller wrote it, a
-  traceback on the lines after it), or ``json``, one JSON object per line with ``ts``,
+  (``ts`` is UTC, ISO 8601 with milliseconds; the message follows as the caller wrote it,
+  with its control characters escaped, so a value from a request, such as a model name with
+  a newline, cannot start a forged line; a traceback on the lines after it), or ``json``,
+  one JSON object per line with ``ts``,
   ``level``, ``logger`` and ``msg``, plus ``exc`` (the traceback text) when the record has one.
 
 Only the root logger gets a handler; filters that loggers carry (the publisher's
@@ -60,11 +62,31 @@ def timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
+CONTROL_ESCAPES: Final[dict[int, str]] = {
+    code: {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(chr(code), f"\\x{code:02x}")
+    for code in (*range(0x20), 0x7F)}
+"""C0 control characters and DEL → their backslash escapes, for ``str.translate``."""
+
+
 class LogfmtFormatter(logging.Formatter):
-    """``ts=... level=... logger=... <message>``; a traceback, when present, on the following lines."""
+    """``ts=... level=... logger=... <message>``; a traceback, when present, on the following lines.
+
+    The message's control characters (newline, carriage return, tab, the other C0 codes and
+    DEL) are written as backslash escapes (a backslash and ``n``; ``x1b`` for ESC), so one record is one line
+    whatever its arguments hold. The record itself is left as it was for other handlers.
+    """
 
     def __init__(self) -> None:
         super().__init__(LOGFMT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        """Return the line's first part, the message's control characters escaped."""
+        message = record.message
+        record.message = message.translate(CONTROL_ESCAPES)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 (logging's name)
         """Return :func:`timestamp` of the record (``datefmt`` is ignored: one format everywhere)."""

@@ -79,6 +79,20 @@ def test_logfmt_line_is_ts_level_logger_then_the_message():
     assert match.group(2, 3, 4) == ("WARNING", "fanout.test", "event=x n=3")
 
 
+def test_logfmt_escapes_control_characters_so_a_record_is_one_line():
+    text = emit("logfmt", logging.INFO, "submitted stream %s (%s)", "st_1", "m\nts=forged level=ERROR\r\t\x1b[31m\x7f")
+    assert text.count("\n") == 1  # the handler's terminator only
+    match = LOGFMT_LINE.fullmatch(text.rstrip("\n"))
+    assert match
+    assert match.group(4) == r"submitted stream st_1 (m\nts=forged level=ERROR\r\t\x1b[31m\x7f)"
+
+
+def test_logfmt_escaping_leaves_the_record_as_it_was():
+    record = logging.LogRecord("fanout.test", logging.INFO, __file__, 1, "a%s", ("\nb",), None)
+    logs.LogfmtFormatter().format(record)
+    assert record.message == "a\nb"
+
+
 def test_logfmt_timestamp_is_utc_with_milliseconds():
     record = logging.LogRecord("fanout.test", logging.INFO, __file__, 1, "m", None, None)
     record.created, record.msecs = 1_700_000_000.25, 250.0
