@@ -142,9 +142,13 @@ async def test_access_log_never_prints_the_token(ctx, caplog):
             assert resp.status == 200
         async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}?token={token}x")) as resp:
             assert resp.status == 401
+        async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}?api_key={API_KEY}&key={API_KEY}"),
+                                headers=bearer(token)) as resp:  # parameters the API never reads
+            assert resp.status == 200
     access = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
     assert any("token=***" in line and "last_event_id=2" in line for line in access)
-    assert len(access) == 3
+    assert any("api_key=***&key=***" in line for line in access)
+    assert len(access) == 4
     assert all(token not in record.getMessage() for record in caplog.records)
     assert all(API_KEY not in record.getMessage() for record in caplog.records)
 
