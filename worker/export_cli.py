@@ -34,6 +34,7 @@ import msgspec
 from schema import logs
 from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
+from schema.settings import SettingsError, load_settings
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 
@@ -217,19 +218,43 @@ MAX_SINCE_MS: Final = 2**63 - 1
 """Largest ``--since`` (a Redis stream id's millisecond part is a 64-bit number)."""
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the export; return the exit status of the module docstring."""
-    logs.configure_from_env(os.environ)
+def _inputs(args: argparse.Namespace) -> tuple[ExportEnvironment, int]:
+    """Return the environment's settings and ``--since`` in ms since the epoch (0 when not given).
+
+    Raises:
+        CommandError: A malformed ``FANOUT_REDIS_CLUSTER``, an empty ``--group``, or a
+            ``--since`` that is not a time.
+    """
+    try:
+        environment = load_settings(ExportEnvironment, os.environ)
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from exc
     if not args.group.strip():
-        sys.stderr.write("fanout export: --group must name a consumer group, e.g. --group export\n")
-        return 2
+        raise CommandError("--group must name a consumer group, e.g. --group export")
     try:
         since_ms = parse_since(args.since) if args.since else 0
         if not 0 <= since_ms <= MAX_SINCE_MS:
             raise ValueError(args.since)
     except (ValueError, OverflowError):
-        sys.stderr.write(f"fanout export: --since {args.since!r} is not a time: use ms since the epoch, "
-                         "an ISO 8601 time such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d\n")
+        raise CommandError(f"--since {args.since!r} is not a time: use ms since the epoch, an ISO 8601 time "
+                           "such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d") from None
+    return environment, since_ms
+
+
+class ExportEnvironment(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``FANOUT_*`` variables export reads besides the log ones, parsed as every process parses them."""
+
+    redis_cluster: bool = False
+    """``FANOUT_REDIS_CLUSTER``: ``REDIS_URL`` names a seed node of a Redis Cluster (1, 0, true or false)."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the export; return the exit status of the module docstring."""
+    logs.configure_from_env(os.environ)
+    try:
+        environment, since_ms = _inputs(args)
+    except CommandError as exc:
+        sys.stderr.write(f"fanout export: {exc}\n")
         return 2
     url = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
     try:
@@ -251,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
     try:
-        count = asyncio.run(_export(url, keys, sink, args, since_ms))
+        count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=environment.redis_cluster))
     except REDIS_ERRORS as exc:
         reason = str(exc).rstrip(". ")
         sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "
@@ -274,10 +299,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: argparse.Namespace,
-                  since_ms: int) -> int:
+                  since_ms: int, *, cluster: bool) -> int:
     from tqdm import tqdm  # noqa: PLC0415 - only for a terminal
 
-    cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "0").strip().lower() in ("1", "true", "yes")
     client = connect(url, RedisOptions(cluster=cluster, client_name=f"fanout-export:{keys.prefix}",
                                        socket_timeout_s=READ_TIMEOUT_S))
     stop = asyncio.Event()

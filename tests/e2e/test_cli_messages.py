@@ -320,6 +320,14 @@ def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() ->
     assert line.startswith("fanout worker: bad configuration:")
 
 
+@pytest.mark.parametrize(("command", "status"), [(("worker",), 2), (("publisher", "--port", "0"), 2),
+                                               (("health",), 1), (("export", "--output", os.devnull), 2)])
+def test_fanout_redis_cluster_takes_the_same_booleans_in_every_command(command: tuple[str, ...], status: int) -> None:
+    """Usage error (2) where the process would start; the probe reports it as unhealthy (1)."""
+    done = fanout(*command, env={"FANOUT_REDIS_CLUSTER": "yes", "REDIS_URL": "redis://127.0.0.1:1/0"})
+    one_line(done, status, "FANOUT_REDIS_CLUSTER='yes'", "expected a boolean: 1, 0, true or false")
+
+
 @pytest.mark.parametrize("command", [("worker",), ("health",), ("export", "--output", os.devnull)])
 def test_a_redis_password_given_in_the_url_query_is_never_printed(command: tuple[str, ...]) -> None:
     """redis-py authenticates with ``?password=`` as with ``:password@``: both are masked alike."""
