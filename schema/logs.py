@@ -14,7 +14,9 @@ reads one shape from every container:
   with its control characters escaped, so a value from a request, such as a model name with
   a newline, cannot start a forged line; a traceback on the lines after it), or ``json``,
   one JSON object per line with ``ts``,
-  ``level``, ``logger`` and ``msg``, plus ``exc`` (the traceback text) when the record has one.
+  ``level``, ``logger`` and ``msg``, plus ``exc`` (the traceback text) when the record has one,
+  and, when the message is wholly ``key=value`` pairs (the worker's ``event=...`` records),
+  those pairs as fields of their own (``"event": "job_end"``), so a collector can filter on them.
 
 Only the root logger gets a handler; filters that loggers carry (the publisher's
 :class:`publisher.edge.ParseErrorFilter` on ``aiohttp.server``) run before any handler and
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -93,18 +96,51 @@ class LogfmtFormatter(logging.Formatter):
         return timestamp(record)
 
 
+_PAIR = re.compile(r'([A-Za-z_][\w.]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?:\s+|$)')
+"""One logfmt ``key=value`` pair: a bare value (no space, no quote) or a double-quoted one."""
+RESERVED_FIELDS: Final = frozenset({"ts", "level", "logger", "msg", "exc"})
+"""Fields of every JSON line, which a message's pairs never replace."""
+
+
+def logfmt_pairs(message: str) -> dict[str, str] | None:
+    r"""Return the ``key=value`` pairs of a message made only of them, else ``None``.
+
+    A quoted value loses its quotes and its backslash escapes (``\"`` is ``"``). A
+    message with anything else in it (prose, a stray quote) gives ``None``: it is kept
+    as ``msg`` only, never half-parsed. A key seen twice keeps its first value.
+    """
+    pairs: dict[str, str] = {}
+    position = 0
+    while position < len(message):
+        match = _PAIR.match(message, position)
+        if match is None or match.end() == position:
+            return None
+        key, value = match.group(1), match.group(2)
+        if value.startswith('"'):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        pairs.setdefault(key, value)
+        position = match.end()
+    return pairs or None
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record on one line: ``ts``, ``level``, ``logger``, ``msg`` and maybe ``exc``.
 
     ``exc`` holds the traceback (and ``stack_info``, when asked for) as text, newlines escaped
-    by JSON; non-ASCII text stays as UTF-8. No other attribute of the record is written (no
-    ``extra`` fields), so a line tells what the message tells after the loggers' filters ran.
+    by JSON; non-ASCII text stays as UTF-8. A message made only of ``key=value`` pairs
+    (:func:`logfmt_pairs`) adds each pair as a field, except the five above. No other
+    attribute of the record is written (no ``extra`` fields), so a line tells what the
+    message tells after the loggers' filters ran.
     """
 
     def format(self, record: logging.LogRecord) -> str:
         """Return the record as one line of JSON (no trailing newline)."""
+        message = record.getMessage()
         line: dict[str, str] = {"ts": timestamp(record), "level": record.levelname, "logger": record.name,
-                                "msg": record.getMessage()}
+                                "msg": message}
+        for key, value in (logfmt_pairs(message) or {}).items():
+            if key not in RESERVED_FIELDS:
+                line[key] = value
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         details = [text for text in (record.exc_text, record.stack_info and self.formatStack(record.stack_info))

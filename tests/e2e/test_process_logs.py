@@ -117,14 +117,20 @@ def test_worker_and_publisher_write_the_same_logfmt_line_shape(single_redis_url,
 
 def test_worker_and_publisher_json_lines_are_json_objects(single_redis_url, prefix):
     env = base_env(single_redis_url, prefix, FANOUT_LOG_FORMAT="json")
+    by_logger: dict[str, list[dict[str, str]]] = {}
     for lines, logger in ((worker_lines(env), "fanout.worker"), (publisher_lines(env), "publisher")):
         records = [json.loads(line) for line in lines]
         assert records
         for record in records:
-            assert set(record) == {"ts", "level", "logger", "msg"}, record
+            assert {"ts", "level", "logger", "msg"} <= set(record), record
             assert re.fullmatch(TS, record["ts"])
             assert record["level"] in ("DEBUG", "INFO", "WARNING", "ERROR")
         assert any(record["logger"] == logger for record in records), records
+        by_logger[logger] = records
+    config = [record for record in by_logger["fanout.worker"] if record.get("event") == "worker_config"]
+    assert config, "the worker's event=worker_config record has no event field"
+    assert config[0]["msg"].startswith("event=worker_config concurrency=")
+    assert config[0]["concurrency"].isdigit()
 
 
 @pytest.mark.parametrize("command", ["worker", "publisher", "export", "upstream", "demo"])

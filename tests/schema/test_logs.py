@@ -120,6 +120,25 @@ def test_json_line_holds_ts_level_logger_and_msg_only():
     assert (line["level"], line["logger"], line["msg"]) == ("INFO", "fanout.test", "listening on http://127.0.0.1:1")
 
 
+def test_json_gives_the_pairs_of_a_logfmt_message_as_fields():
+    text = emit("json", logging.WARNING, 'event=append_refused stream_id=%s error=%s message="%s" level=x',
+                "st_1", "SeqConflictError", 'seq 3 \\"stored\\"')
+    line = json.loads(text)
+    assert line["msg"] == ('event=append_refused stream_id=st_1 error=SeqConflictError '
+                           'message="seq 3 \\"stored\\"" level=x')
+    assert (line["event"], line["stream_id"], line["error"]) == ("append_refused", "st_1", "SeqConflictError")
+    assert line["message"] == 'seq 3 "stored"'
+    assert line["level"] == "WARNING"  # a pair never replaces a field of every line
+
+
+@pytest.mark.parametrize("message", ["listening on http://127.0.0.1:1", "event=x and some prose",
+                                     'event=x message="unterminated', "=x", ""])
+def test_json_keeps_a_message_that_is_not_only_pairs_as_msg_alone(message):
+    line = json.loads(emit("json", logging.INFO, "%s", message))
+    assert set(line) == {"ts", "level", "logger", "msg"}
+    assert line["msg"] == message
+
+
 def test_json_exception_text_stays_on_the_one_line():
     try:
         raise RuntimeError("two\nlines")
@@ -128,6 +147,7 @@ def test_json_exception_text_stays_on_the_one_line():
     assert text.count("\n") == 1
     line = json.loads(text)
     assert line["msg"] == "event=failed"
+    assert line["event"] == "failed"
     assert line["exc"].startswith("Traceback (most recent call last):")
     assert line["exc"].endswith("RuntimeError: two\nlines")
 
