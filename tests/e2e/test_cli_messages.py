@@ -463,6 +463,13 @@ def test_health_of_an_unreachable_redis_names_it_in_one_line() -> None:
     one_line(done, 1, "fanout health: unhealthy:", "redis at redis://127.0.0.1:1/0", "ConnectionError")
 
 
+def test_health_of_an_unreachable_health_url_says_why_and_which_setting() -> None:
+    done = fanout("health", "--timeout-s", "1", "--url", "http://127.0.0.1:1/healthz",
+                  env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    one_line(done, 1, "fanout health: unhealthy: http://127.0.0.1:1/healthz: ClientConnectorError: Cannot connect",
+             "check FANOUT_HEALTH_URL or --url")
+
+
 def test_health_without_redis_url_checks_the_default_redis() -> None:
     prefix = f"healthdefault-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"FANOUT_REDIS_PREFIX": prefix}
