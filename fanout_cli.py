@@ -45,7 +45,7 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
              3: "the stream ended in stream.error (failed, interrupted, cancelled)",
              4: "the publisher does not answer at FANOUT_URL (or --url)"},
     "demo": {0: "every stream matched its golden result", 1: "a stream did not match, or the demo timed out",
-             2: BAD_INPUT},
+             2: BAD_INPUT, 4: "Redis does not answer at REDIS_URL (unset it for an embedded one)"},
     "export": {0: "caught up (with --follow: stopped by SIGTERM or SIGINT)",
                1: "Redis or the output failed; nothing acknowledged is lost (the message says if a rerun helps)",
                2: BAD_INPUT},

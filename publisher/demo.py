@@ -31,7 +31,7 @@ from publisher.demo_cases import demo_request
 from publisher.demo_view import CaseRun, ProgressView, summary_table
 from publisher.stack import LocalStack
 from schema import logs
-from schema.cli import above, at_least, redact_url
+from schema.cli import CommandError, above, at_least, check_redis_url, redact_url, redis_unreachable
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         CommandError: ``FANOUT_LOG_LEVEL`` or ``FANOUT_LOG_FORMAT`` is malformed (exit 2):
-            checked here, as every process of the stack reads them (:mod:`schema.logs`).
+            checked here, as every process of the stack reads them (:mod:`schema.logs`);
+            ``REDIS_URL`` is set but not a Redis URL (exit 2) or does not answer (exit 4).
     """
     logs.configure_from_env(os.environ)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -97,7 +98,43 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+REDIS_CHECK_TIMEOUT_S: Final = 5.0
+"""How long the demo waits for ``REDIS_URL`` to answer a PING before it starts anything."""
+
+
+def check_redis(url: str) -> None:
+    """Refuse a ``REDIS_URL`` that is not a Redis URL (exit 2) or does not answer (exit 4), before the stack starts.
+
+    Raises:
+        CommandError: The URL's scheme is wrong, or Redis did not answer within
+            :data:`REDIS_CHECK_TIMEOUT_S`.
+    """
+    check_redis_url(url)
+
+    async def ping() -> None:
+        cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "").lower() in ("1", "true", "yes", "on")
+        options = RedisOptions(cluster=cluster, socket_timeout_s=REDIS_CHECK_TIMEOUT_S,
+                               connect_timeout_s=REDIS_CHECK_TIMEOUT_S, retries=0)
+        client = connect(url, options)
+        try:
+            async with asyncio.timeout(REDIS_CHECK_TIMEOUT_S * 2):
+                await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(ping())
+    except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
+        if isinstance(exc, TimeoutError) and not str(exc):
+            exc = TimeoutError(f"no answer within {REDIS_CHECK_TIMEOUT_S:g} s")
+        error = redis_unreachable(url, exc)
+        raise CommandError(f"{error.message}, or unset REDIS_URL for an embedded one",
+                           exit_status=error.exit_status) from exc
+
+
 def _run(args: argparse.Namespace) -> int:
+    if os.environ.get("REDIS_URL"):
+        check_redis(os.environ["REDIS_URL"])
     with redis_url() as url:
         source = "REDIS_URL" if os.environ.get("REDIS_URL") else "embedded server"
         shown = f"{redact_url(url)} (REDIS_URL)" if source == "REDIS_URL" else source

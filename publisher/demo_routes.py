@@ -117,9 +117,9 @@ def _same_origin(request: web.Request) -> None:
     origin = request.headers.get("Origin")
     own = f"{request.scheme}://{request.host}"
     if origin != own or not _address_host(request.url.host or ""):
-        sent = f"Origin {origin!r}" if origin is not None else "no Origin header"
-        raise ProblemError("cross-origin", f"POST /demo/streams only accepts the demo page's own requests: open it at "
-                                        f"http://127.0.0.1:<port>/demo or http://localhost:<port>/demo ({sent}); "
+        sent = f"this request sent Origin {origin!r}" if origin is not None else "this request sent no Origin header"
+        raise ProblemError("cross-origin", f"POST /demo/streams only accepts the demo page's own requests ({sent}): "
+                                        "open it at http://127.0.0.1:<port>/demo or http://localhost:<port>/demo; "
                                         "submit other jobs with POST /v1/streams and an API key")
 
 

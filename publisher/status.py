@@ -146,7 +146,8 @@ async def readyz(request: web.Request) -> web.Response:
             if missing:
                 problems += await request.app[SHARDS].restore_groups(redis, missing)
     except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
-        detail = f"Redis does not answer: {type(exc).__name__}: {safe_message(str(exc))}"
+        reason = safe_message(str(exc)) or f"no answer within {READY_TIMEOUT_S:g} s"
+        detail = f"Redis does not answer: {type(exc).__name__}: {reason}"
         raise ProblemError("redis-unavailable", detail) from exc
     if problems:
         raise ProblemError("redis-unavailable", "; ".join(problems))

@@ -5,7 +5,8 @@
 Renders ``helm/fanout`` with Helm v4 in-process (``helm-python-sdk``, in the ``dev``
 extra: Helm's Go SDK as a library), the way ``tests/test_helm_render.py`` does. Values
 files are merged left to right over the chart's ``values.yaml`` (a later file wins, maps
-merge key by key). Exit 1 with Helm's message when rendering fails (e.g. no Redis given).
+merge key by key). Exit 1 with Helm's message when rendering fails (e.g. no Redis given);
+exit 2 when a values file cannot be read or is not a YAML map.
 """
 
 from __future__ import annotations
@@ -29,6 +30,27 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_values(path: Path) -> dict[str, Any]:
+    """Return the map of one values file; ``ValueError`` naming the file when it cannot be used."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; write it first: it sets at least redis.url (or "
+                         "redis.existingSecret) and secrets.tokenSecret (or secrets.existingSecret), "
+                         "see helm/README.md") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a values file must be a YAML map (key: value), not a {type(loaded).__name__}")
+    return loaded
+
+
 def render(values: dict[str, Any], *, name: str = "fanout", namespace: str = "default") -> str:
     """Return the rendered manifests (NOTES.txt left out), YAML documents separated by ``---``."""
     manifests = helm.Chart.load(CHART).render(values, name=name, namespace=namespace)
@@ -45,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
     for path in args.values:
-        values = merge(values, yaml.safe_load(path.read_text()) or {})
+        try:
+            values = merge(values, read_values(path))
+        except ValueError as exc:
+            print(f"helm_template: {exc}", file=sys.stderr)
+            return 2
     helm.disable_logging()
     try:
         sys.stdout.write(render(values, name=args.name, namespace=args.namespace))

@@ -333,6 +333,24 @@ def test_helm_template_script_without_redis_fails_with_helms_reason() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("content", "expected"), [
+    (None, "no such file; write it first"),
+    ("a: [\n", "not valid YAML at line 2"),
+    ("- a\n", "must be a YAML map"),
+])
+def test_helm_template_script_refuses_an_unusable_values_file_without_traceback(
+        tmp_path: Path, content: str | None, expected: str) -> None:
+    values = tmp_path / "my-values.yaml"
+    if content is not None:
+        values.write_text(content)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "helm_template.py"), "-f", str(values)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"helm_template: {values}: ")
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_dashboard_configmap_carries_the_json_and_the_sidecar_label() -> None:
     configmap = one(render(OBSERVED), "ConfigMap", "rel-fanout-dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"

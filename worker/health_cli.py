@@ -104,6 +104,10 @@ async def _check(url: str | None, timeout_s: float) -> list[str]:
             async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
                 if resp.status != 200:
                     problems.append(f"{url}: HTTP {resp.status}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            problems.append(f"{url}: {type(exc).__name__}")
+        except TimeoutError:
+            problems.append(f"{url}: no answer within {timeout_s:g} s (FANOUT_HEALTH_URL or --url; --timeout-s)")
+        except aiohttp.ClientError as exc:
+            detail = safe_message(str(exc))
+            problems.append(f"{url}: {type(exc).__name__}{': ' + detail if detail else ''}"
+                            " (check FANOUT_HEALTH_URL or --url)")
     return problems

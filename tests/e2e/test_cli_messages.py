@@ -314,6 +314,19 @@ def test_worker_with_redis_unreachable_prints_one_line_and_exits_4() -> None:
     assert len(done.stderr.strip().splitlines()) <= 3  # two log lines at start, then the one line
 
 
+def test_demo_with_redis_unreachable_prints_one_line_and_exits_4() -> None:
+    url = f"redis://:pw@127.0.0.1:{free_port()}/0"
+    done = fanout("demo", env={"REDIS_URL": url}, timeout=60)
+    line = one_line(done, 4, "fanout demo: cannot reach Redis", ":***@", "unset REDIS_URL for an embedded one")
+    assert "pw" not in done.stderr + done.stdout
+    assert "started upstream" not in done.stdout  # refused before any process was started
+    assert line == done.stderr.strip()
+
+
+def test_demo_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
+    one_line(fanout("demo", env={"REDIS_URL": "localhost:6379"}), 2, "REDIS_URL", "redis://host:6379/0")
+
+
 def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() -> None:
     done = fanout("worker", env={"FANOUT_ANTHROPIC_BASE_URL": "notaurl", "REDIS_URL": "redis://127.0.0.1:1/0"})
     line = one_line(done, 2, "FANOUT_ANTHROPIC_BASE_URL='notaurl'", "expected an http(s) URL with a host")
@@ -448,6 +461,13 @@ def test_health_with_a_redis_url_that_is_not_one_is_a_usage_error() -> None:
 def test_health_of_an_unreachable_redis_names_it_in_one_line() -> None:
     done = fanout("health", "--timeout-s", "1", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
     one_line(done, 1, "fanout health: unhealthy:", "redis at redis://127.0.0.1:1/0", "ConnectionError")
+
+
+def test_health_of_an_unreachable_health_url_says_why_and_which_setting() -> None:
+    done = fanout("health", "--timeout-s", "1", "--url", "http://127.0.0.1:1/healthz",
+                  env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    one_line(done, 1, "fanout health: unhealthy: http://127.0.0.1:1/healthz: ClientConnectorError: Cannot connect",
+             "check FANOUT_HEALTH_URL or --url")
 
 
 def test_health_without_redis_url_checks_the_default_redis() -> None:

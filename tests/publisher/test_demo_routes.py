@@ -123,6 +123,15 @@ async def test_demo_start_refuses_a_body_that_is_not_an_object(ctx: Ctx, demo: s
         assert (await resp.json())["type"].endswith("/invalid-body")
 
 
+async def test_demo_start_without_origin_says_the_request_sent_none(ctx: Ctx, demo: str) -> None:
+    """A ``curl`` without ``Origin`` is refused, and the detail says it was this request that sent none."""
+    async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
+                             skip_auto_headers=["Origin"]) as resp:
+        assert resp.status == 403
+        problem = await resp.json()
+    assert "(this request sent no Origin header)" in problem["detail"]
+
+
 async def test_demo_start_refuses_another_origin(ctx: Ctx, demo: str) -> None:
     headers = {"Origin": "https://evil.example"}
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
@@ -130,6 +139,7 @@ async def test_demo_start_refuses_another_origin(ctx: Ctx, demo: str) -> None:
         assert resp.status == 403
         problem = await resp.json()
         assert "POST /v1/streams" in problem["detail"]
+        assert "(this request sent Origin 'https://evil.example')" in problem["detail"]
         assert (problem["type"], problem["title"]) == ("https://fanout.dev/problems/cross-origin",
                                                        "Request from another origin")
     async with ctx.http.post(f"{demo}/demo/streams", json={"provider": "anthropic", "case": CASE},
