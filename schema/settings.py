@@ -8,6 +8,7 @@ Pure: takes the mapping, reads nothing itself.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from collections.abc import Mapping
@@ -55,6 +56,10 @@ def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object)
         if key in fields and (name.startswith((PREFIX, "OTEL_")) or name == "REDIS_URL"):
             raw[key] = _split_list(cls, key, value)
     raw.update({k: v for k, v in overrides.items() if v is not None})
+    for field in _float_fields(cls) & raw.keys():
+        if _non_finite(raw[field]):  # msgspec takes inf and nan from text: "no limit" is never meant
+            name = next((n for n in (PREFIX + field.upper(), field.upper()) if n in environ), field)
+            raise SettingsError(f"bad configuration: {name}={raw[field]!r}: expected a finite number")
     try:
         return msgspec.convert(raw, cls, strict=False)
     except msgspec.ValidationError as exc:
@@ -92,6 +97,27 @@ def _plain(detail: str, choices: list[str]) -> str:
     if match is None or match[1] not in EXPECTED_KINDS:
         return detail
     return f"expected {EXPECTED_KINDS[match[1]]}{match[2]}"
+
+
+def _float_fields(cls: type[msgspec.Struct]) -> set[str]:
+    """Return the fields of ``cls`` that hold a number with a fraction (``float``, maybe optional)."""
+    found = set()
+    for field, hint in typing.get_type_hints(cls, include_extras=False).items():
+        stack = [hint]
+        while stack:
+            current = stack.pop()
+            if current is float:
+                found.add(field)
+            stack += list(typing.get_args(current))
+    return found
+
+
+def _non_finite(value: object) -> bool:
+    """Return True for ``inf``, ``-inf`` and ``nan``, as text or as a float."""
+    try:
+        return not math.isfinite(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
 def _split_list(cls: type[msgspec.Struct], key: str, value: str) -> object:

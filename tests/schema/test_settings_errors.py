@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from publisher.settings import PublisherSettings
@@ -17,8 +19,11 @@ from worker.settings import WorkerSettings
     ("FANOUT_LIVE_READ_MS", "-1", ">= 0"),
     ("FANOUT_READ_AHEAD_HOLD_MS", "-1", ">= 0"),
     ("FANOUT_READ_AHEAD_HOLD_MS", "3600000.5", "<= 3600000"),
-    ("FANOUT_READ_AHEAD_HOLD_MS", "inf", "<= 3600000"),
-    ("FANOUT_READ_AHEAD_HOLD_MS", "nan", ">= 0"),
+    ("FANOUT_READ_AHEAD_HOLD_MS", "inf", "expected a finite number"),
+    ("FANOUT_READ_AHEAD_HOLD_MS", "nan", "expected a finite number"),
+    ("FANOUT_SHUTDOWN_GRACE_S", "inf", "expected a finite number"),
+    ("FANOUT_REDIS_TIMEOUT_S", "Infinity", "expected a finite number"),
+    ("FANOUT_REDIS_TIMEOUT_S", "-inf", "expected a finite number"),
     ("FANOUT_READ_AHEAD_HOLD_MS", "1s", "expected a number"),
 ])
 def test_a_bad_variable_is_named_with_its_value(name, value, why):
@@ -49,6 +54,20 @@ def test_a_bad_value_says_what_the_variable_accepts(cls, name, value, reason):
 @pytest.mark.parametrize(("value", "expected"), [("1", True), ("0", False), ("true", True), ("FALSE", False)])
 def test_the_booleans_the_message_names_are_accepted(value, expected):
     assert load_settings(PublisherSettings, {"FANOUT_DEV": value}).dev is expected
+
+
+@pytest.mark.parametrize("cls", [PublisherSettings, WorkerSettings])
+def test_no_number_setting_takes_a_non_finite_value(cls):
+    floats = [name for name, hint in typing.get_type_hints(cls).items() if "float" in str(hint)]
+    assert floats
+    for field in floats:
+        with pytest.raises(SettingsError, match="expected a finite number"):
+            load_settings(cls, {f"FANOUT_{field.upper()}": "inf"})
+
+
+def test_a_finite_number_is_still_taken_where_its_text_looks_like_one():
+    assert load_settings(PublisherSettings, {"FANOUT_REDIS_TIMEOUT_S": "1e3"}).redis_timeout_s == 1000.0
+    assert load_settings(PublisherSettings, {"FANOUT_REDIS_PREFIX": "inf"}).redis_prefix == "inf"  # text, not a number
 
 
 def test_a_bad_override_is_named_as_its_field():
