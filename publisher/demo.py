@@ -35,6 +35,7 @@ from schema.cli import CommandError, above, at_least, check_redis_url, redact_ur
 from schema.contract import BlockDelta, Event, StreamError, is_terminal
 from schema.job import Provider
 from schema.reducer import reduce
+from schema.settings import SettingsError, redis_cluster_from_env
 from worker.embedded_redis import redis_url
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect, primary_clients
 from worker.replay import replay_file
@@ -110,9 +111,12 @@ def check_redis(url: str) -> None:
             :data:`REDIS_CHECK_TIMEOUT_S`.
     """
     check_redis_url(url)
+    try:
+        cluster = redis_cluster_from_env(os.environ)
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from exc
 
     async def ping() -> None:
-        cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "").lower() in ("1", "true", "yes", "on")
         options = RedisOptions(cluster=cluster, socket_timeout_s=REDIS_CHECK_TIMEOUT_S,
                                connect_timeout_s=REDIS_CHECK_TIMEOUT_S, retries=0)
         client = connect(url, options)
@@ -133,6 +137,10 @@ def check_redis(url: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    try:
+        redis_cluster_from_env(os.environ)  # the worker and publisher it starts would refuse it later
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from exc
     if os.environ.get("REDIS_URL"):
         check_redis(os.environ["REDIS_URL"])
     with redis_url() as url:
@@ -157,8 +165,7 @@ def forget_prefix(url: str, prefix: str) -> None:
     behind (they have no TTL). A prefix you chose (``FANOUT_REDIS_PREFIX``) is never touched.
     """
     async def forget() -> int:
-        cluster = os.environ.get("FANOUT_REDIS_CLUSTER", "").lower() in ("1", "true", "yes", "on")
-        client = connect(url, RedisOptions(cluster=cluster))
+        client = connect(url, RedisOptions(cluster=redis_cluster_from_env(os.environ)))
         deleted = 0
         try:
             for node in await primary_clients(client):

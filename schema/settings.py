@@ -40,6 +40,22 @@ class SettingsError(FanoutError):
     """A configuration variable is missing or malformed; the process cannot start."""
 
 
+class RedisEnvironment(msgspec.Struct, frozen=True, kw_only=True):
+    """The Redis topology variable of commands that have no settings of their own (``export``, ``demo``)."""
+
+    redis_cluster: bool = False
+    """``FANOUT_REDIS_CLUSTER``: ``REDIS_URL`` names a seed node of a Redis Cluster (1, 0, true or false)."""
+
+
+def redis_cluster_from_env(environ: Mapping[str, str]) -> bool:
+    """Return ``FANOUT_REDIS_CLUSTER`` parsed as every process parses it.
+
+    Raises:
+        SettingsError: A value other than 1, 0, true or false (any case).
+    """
+    return load_settings(RedisEnvironment, environ).redis_cluster
+
+
 def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object) -> T:
     """Build ``cls`` from ``FANOUT_*`` variables, then keyword overrides (CLI flags).
 

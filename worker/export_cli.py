@@ -34,7 +34,7 @@ import msgspec
 from schema import logs
 from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
-from schema.settings import SettingsError, load_settings
+from schema.settings import SettingsError, redis_cluster_from_env
 from worker.export import Exporter, Row
 from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 
@@ -218,15 +218,15 @@ MAX_SINCE_MS: Final = 2**63 - 1
 """Largest ``--since`` (a Redis stream id's millisecond part is a 64-bit number)."""
 
 
-def _inputs(args: argparse.Namespace) -> tuple[ExportEnvironment, int]:
-    """Return the environment's settings and ``--since`` in ms since the epoch (0 when not given).
+def _inputs(args: argparse.Namespace) -> tuple[bool, int]:
+    """Return ``FANOUT_REDIS_CLUSTER`` and ``--since`` in ms since the epoch (0 when not given).
 
     Raises:
         CommandError: A malformed ``FANOUT_REDIS_CLUSTER``, an empty ``--group``, or a
             ``--since`` that is not a time.
     """
     try:
-        environment = load_settings(ExportEnvironment, os.environ)
+        cluster = redis_cluster_from_env(os.environ)
     except SettingsError as exc:
         raise CommandError(str(exc)) from exc
     if not args.group.strip():
@@ -238,21 +238,14 @@ def _inputs(args: argparse.Namespace) -> tuple[ExportEnvironment, int]:
     except (ValueError, OverflowError):
         raise CommandError(f"--since {args.since!r} is not a time: use ms since the epoch, an ISO 8601 time "
                            "such as 2026-12-01T09:00:00Z, or 2h / 30m / 7d") from None
-    return environment, since_ms
-
-
-class ExportEnvironment(msgspec.Struct, frozen=True, kw_only=True):
-    """The ``FANOUT_*`` variables export reads besides the log ones, parsed as every process parses them."""
-
-    redis_cluster: bool = False
-    """``FANOUT_REDIS_CLUSTER``: ``REDIS_URL`` names a seed node of a Redis Cluster (1, 0, true or false)."""
+    return cluster, since_ms
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the export; return the exit status of the module docstring."""
     logs.configure_from_env(os.environ)
     try:
-        environment, since_ms = _inputs(args)
+        cluster, since_ms = _inputs(args)
     except CommandError as exc:
         sys.stderr.write(f"fanout export: {exc}\n")
         return 2
@@ -276,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
     try:
-        count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=environment.redis_cluster))
+        count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=cluster))
     except REDIS_ERRORS as exc:
         reason = str(exc).rstrip(". ")
         sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "

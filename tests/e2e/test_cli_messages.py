@@ -334,7 +334,8 @@ def test_worker_with_a_provider_base_url_that_is_not_a_url_is_a_usage_error() ->
 
 
 @pytest.mark.parametrize(("command", "status"), [(("worker",), 2), (("publisher", "--port", "0"), 2),
-                                               (("health",), 1), (("export", "--output", os.devnull), 2)])
+                                               (("health",), 1), (("export", "--output", os.devnull), 2),
+                                               (("demo",), 2)])
 def test_fanout_redis_cluster_takes_the_same_booleans_in_every_command(command: tuple[str, ...], status: int) -> None:
     """Usage error (2) where the process would start; the probe reports it as unhealthy (1)."""
     done = fanout(*command, env={"FANOUT_REDIS_CLUSTER": "yes", "REDIS_URL": "redis://127.0.0.1:1/0"})
