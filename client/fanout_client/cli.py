@@ -139,7 +139,8 @@ def _json_object(text: str, where: str, example: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise CommandError(f"{where} is not JSON ({exc}); it must be one JSON object, e.g. {example}") from exc
     if not isinstance(value, dict):
-        raise CommandError(f"{where} must be a JSON object, e.g. {example}; got a JSON {type(value).__name__}")
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+        raise CommandError(f"{where} must be a JSON object, e.g. {example}; got a JSON {kind}")
     return value
 
 
@@ -150,8 +151,8 @@ def read_request(source: str) -> dict[str, Any]:
         CommandError: The file cannot be read, or the text is not one JSON object (exit 2).
     """
     example = "'{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
-    if source.lstrip().startswith("{"):
-        return _json_object(source, "--request", example)
+    if source.lstrip().startswith(("{", "[", '"')) or source.strip() in ("null", "true", "false"):
+        return _json_object(source, "--request", example)  # JSON, if not an object: said so
     if source == "-":
         return _json_object(sys.stdin.read(), "--request - (stdin)", example)
     how = "give a JSON file, - for stdin, or the JSON object itself ('{...}')"

@@ -188,6 +188,13 @@ def test_request_accepts_the_json_object_inline(stack: LocalStack) -> None:
     assert json.loads(done.stdout)["stream_id"].startswith("st_")
 
 
+@pytest.mark.parametrize(("value", "kind"), [("[1]", "array"), ('"hi"', "string"), ("null", "null")])
+def test_request_inline_json_that_is_not_an_object_says_so_not_no_such_file(value: str, kind: str) -> None:
+    done = fanout("submit", "--provider", "anthropic", "--model", "m", "--request", value)
+    line = one_line(done, 2, "--request must be a JSON object", f"got a JSON {kind}")
+    assert "no such file" not in line
+
+
 def test_request_inline_that_is_not_json_names_the_option() -> None:
     one_line(fanout("submit", "--provider", "anthropic", "--model", "m", "--request", '{"a": 1'),
              2, "--request is not JSON", "JSON object")
