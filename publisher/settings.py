@@ -155,10 +155,13 @@ def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:
     """
     if settings.token_secret:
         if len(settings.token_secret) < MIN_SECRET_CHARS:
-            raise SettingsError(f"FANOUT_TOKEN_SECRET must have at least {MIN_SECRET_CHARS} characters")
+            raise SettingsError(f"FANOUT_TOKEN_SECRET must have at least {MIN_SECRET_CHARS} characters "
+                                f"(make one with: openssl rand -hex {MIN_SECRET_CHARS})")
         return settings
     if not settings.dev:
-        raise SettingsError("FANOUT_TOKEN_SECRET is required (or FANOUT_DEV=1 for a throwaway one)")
+        raise SettingsError(f"FANOUT_TOKEN_SECRET is required: the same random text of at least {MIN_SECRET_CHARS} "
+                            f"characters on every publisher (openssl rand -hex {MIN_SECRET_CHARS}), or "
+                            "FANOUT_DEV=1 for a throwaway one")
     log.warning(
         "FANOUT_DEV=1 and no FANOUT_TOKEN_SECRET: generated a random per-process secret; "
         "read tokens from this process will NOT verify on any other publisher"
