@@ -251,7 +251,8 @@ def _parse_token_request(raw: bytes) -> Scope:
         return msgspec.convert(body, _TokenRequest).scope
     except msgspec.ValidationError as exc:
         error = FieldError(field="scope", detail="must be 'public' or 'internal' (the only field)")
-        raise ProblemError("invalid-field", str(exc), errors=[error]) from exc
+        raise ProblemError("invalid-field", "the body takes one field, scope: 'public' or 'internal'",
+                           errors=[error]) from exc
 
 
 async def mint_token(request: web.Request) -> web.Response:

@@ -126,6 +126,9 @@ async def test_mint_token_renews_and_grants_internal_scope(ctx):
         assert (await resp.json())["token_scope"] == "public"
     async with ctx.http.post(url, json={"scope": "root"}, headers=bearer(API_KEY)) as resp:
         assert resp.status == 400
+        problem = await resp.json()
+        assert problem["detail"] == "the body takes one field, scope: 'public' or 'internal'"  # not msgspec's words
+        assert problem["errors"][0]["field"] == "scope"
     async with ctx.http.post(url, json={"scope": "internal"}, headers=bearer(token_for(ctx.sid, "internal"))) as resp:
         assert resp.status == 401
     async with ctx.http.post(ctx.server.url("/v1/streams/st_none/tokens"), headers=bearer(API_KEY)) as resp:
