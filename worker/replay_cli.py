@@ -61,6 +61,16 @@ def resolve_kind(kind: str, body: bytes) -> tuple[str, Framing]:
     return TRANSCRIPT_DIRS[kind]
 
 
+def _example_in(directory: Path) -> str:
+    """Return the path of a body file under ``directory`` (the first, sorted), or a pattern when it has none."""
+    try:
+        found = next(iter(sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".sse", ".json"))),
+                     None)
+    except OSError:
+        found = None
+    return str(found) if found is not None else f"{str(directory).rstrip('/')}/<case>.sse"
+
+
 def _read_body(path: str) -> bytes:
     if path == "-":
         return sys.stdin.buffer.read()
@@ -70,7 +80,7 @@ def _read_body(path: str) -> bytes:
         raise CommandError(f"{path}: no such file; give a recorded response body (e.g. "
                            "transcripts/anthropic/simple_text.sse), or - for stdin") from exc
     except IsADirectoryError as exc:
-        raise CommandError(f"{path}: is a directory; give one body file of it (e.g. {path.rstrip('/')}/<case>.sse)"
+        raise CommandError(f"{path}: is a directory; give one body file in it (e.g. {_example_in(Path(path))})"
                            ) from exc
     except OSError as exc:
         raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from exc

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -223,8 +224,13 @@ def test_replay_of_a_missing_file_says_so() -> None:
     one_line(fanout("replay", "transcripts/anthropic/nope.sse"), 2, "no such file", "- for stdin")
 
 
-def test_replay_of_a_directory_says_to_give_a_file() -> None:
-    one_line(fanout("replay", "transcripts/anthropic"), 2, "is a directory")
+@pytest.mark.parametrize("directory", ["transcripts/anthropic", "transcripts"])
+def test_replay_of_a_directory_says_to_give_a_file_and_names_one_that_exists(directory: str) -> None:
+    line = one_line(fanout("replay", directory), 2, "is a directory")
+    example = re.search(r"\(e\.g\. (\S+)\)", line)
+    assert example, line
+    assert (ROOT / example.group(1)).is_file()
+    assert fanout("replay", example.group(1)).returncode in (0, 1)  # a body replay takes (valid or not)
 
 
 def test_output_closed_early_stops_quietly_with_141() -> None:
