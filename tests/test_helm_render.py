@@ -223,8 +223,10 @@ def test_keda_shard_count_defaults_to_the_codes_default() -> None:
     (MINIMAL | {"metrics": {"enabled": True, "port": 8080}}, "metrics.port must differ"),
     (MINIMAL | {"metrics": {"enabled": True}, "otel": {"OTEL_METRICS_EXPORTER": "otlp"}},
      "otel.OTEL_METRICS_EXPORTER: metrics.enabled sets it"),
+    ({"redis": {"url": "redis://redis:6379/0"}}, r"set secrets\.tokenSecret \(32\+ random characters"),
+    (MINIMAL | {"secrets": {"tokenSecret": "short"}}, "secrets.tokenSecret must have at least 32 characters"),
 ], ids=["keda-address", "keda-and-hpa", "zero-shards", "cluster-in-config", "monitor-without-metrics",
-        "port-clash", "exporter-clash"])
+        "port-clash", "exporter-clash", "no-secret", "short-secret"])
 def test_values_that_cannot_work_fail_rendering_with_a_reason(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=message):
         render(values)

@@ -95,6 +95,9 @@ Role-specific settings live in the ConfigMap (envFrom), secrets come from secret
 {{- fail "set redis.url or redis.existingSecret: this chart runs no Redis, bring your own" }}
 {{- end }}
 {{- if not .Values.secrets.existingSecret }}
+{{- if not .Values.secrets.tokenSecret }}
+{{- fail "set secrets.tokenSecret (32+ random characters, the same for every publisher: openssl rand -hex 32) or secrets.existingSecret" }}
+{{- end }}
 {{- if lt (len .Values.secrets.tokenSecret) 32 }}
 {{- fail "secrets.tokenSecret must have at least 32 characters (or set secrets.existingSecret)" }}
 {{- end }}
