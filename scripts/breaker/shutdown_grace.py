@@ -28,7 +28,7 @@ from scripts.breaker.ra_harness import (
 )
 
 PREFIX = "brk2sd"
-BODY = json.dumps({"provider": "openai_chat", "model": "m", "input": {"messages": [
+BODY = json.dumps({"provider": "openai_chat", "model": "m", "request": {"messages": [
     {"role": "user", "content": "hi"}]}}).encode()
 
 
