@@ -23,6 +23,7 @@ when it fires is closed. Follows RFC 9457 and RFC 9110 section 15.5.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -42,6 +43,8 @@ T = TypeVar("T")
 SERVER_LOGGER: Final = "aiohttp.server"
 """aiohttp's logger of request-handling errors."""
 PARSE_ERROR_PREFIX: Final = "Error handling request"
+SHUTDOWN_CANCEL_S: Final = 0.05
+"""After the shutdown grace, how long a cancelled request may unwind before its connection is closed, seconds."""
 
 
 class ParseErrorFilter(logging.Filter):
@@ -118,6 +121,22 @@ class EdgeServer(web.Server):
         """Unregister a connection."""
         self.open_sockets -= 1
         super().connection_lost(handler, exc)
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 - aiohttp's signature
+        """Let running requests finish for ``timeout`` seconds in all, then cancel them and close their connections.
+
+        aiohttp's own shutdown waits ``timeout`` for a handler, then cancels its request
+        and waits ``timeout`` again (twice the grace for a response blocked writing to a
+        client that stopped reading), and a ``timeout`` of 0 means no limit at all; here
+        ``FANOUT_SHUTDOWN_GRACE_S`` bounds the whole, and 0 cancels at once.
+        """
+        if timeout is None:
+            await super().shutdown(None)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(conn.shutdown(None) for conn in self._connections))
+        await super().shutdown(SHUTDOWN_CANCEL_S)  # what still runs: cancelled, connection closed
 
 
 class EdgeRunner(web.AppRunner):

@@ -17,6 +17,9 @@ Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICK
 interval), not one per response. Every half heartbeat interval the topics that heard
 nothing for that long are audited (:mod:`publisher.audit`): a lost notification is read,
 lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
+When two audits in a row fail (Redis frozen or cut off), the live readers of the topics
+that heard nothing meanwhile are closed, so their clients reconnect and resume instead of
+getting only heartbeats.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
@@ -408,12 +411,35 @@ class Hub:
                         reader.beat(now)
 
     async def _audit_loop(self) -> None:
+        failing_since: float | None = None
         while not self._closing:
             await asyncio.sleep(self._audit_s)
+            began = time.monotonic()
             try:
                 await audit(self._store, list(self._topics.values()), self._audit_s)
             except REDIS_ERRORS as exc:  # a cluster client raises RedisClusterException while no node answers
                 log.warning("live audit failed: %s", exc)
+                if failing_since is None:
+                    failing_since = began
+                else:
+                    self._end_unheard(failing_since)
+            else:
+                failing_since = None
+
+    def _end_unheard(self, since: float) -> None:
+        """Close the live readers of every topic that heard nothing since ``since``, two audits having failed.
+
+        Redis answers neither the audit nor (it seems) the subscription: a partition, a
+        frozen server. Their responses end, so each client reconnects with ``Last-Event-ID``
+        (to another publisher, or here once Redis answers) instead of getting only
+        heartbeats while the stream may go on without them.
+        """
+        unheard = [topic for topic in self._topics.values() if topic.live and topic.heard_s <= since]
+        if unheard:
+            log.warning("Redis has not answered two live audits: closing the live readers of %d stream(s) "
+                        "that heard nothing meanwhile; they reconnect and resume", len(unheard))
+        for topic in unheard:
+            topic.end_live("shutdown")
 
 def _runs(batch: Sequence[tuple[str, bytes, Topic | None]]) -> list[tuple[str, list[tuple[bytes, Topic | None]]]]:
     """Group consecutive commands of one kind, keeping their order: ``[(op, [(channel, topic)])]``."""

@@ -36,7 +36,7 @@ from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_
 from schema.keys import Keys
 from schema.settings import SettingsError, redis_cluster_from_env
 from worker.export import Exporter, Row
-from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
+from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, connect
 
 READ_TIMEOUT_S: Final = 30.0
 """Read timeout of the export's Redis connection, seconds: above any ``XREADGROUP BLOCK`` it sends."""
@@ -271,6 +271,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=cluster))
     except REDIS_ERRORS as exc:
+        if mismatch := cluster_mode_mismatch(exc, environment.redis_cluster):
+            sys.stderr.write(f"fanout export: cannot use Redis at {redact_url(url)}: {mismatch}; "
+                             "nothing acknowledged is lost\n")
+            return 1
         reason = str(exc).rstrip(". ")
         sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "
                          "nothing acknowledged is lost, run again\n")

@@ -30,7 +30,7 @@ from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
-from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_problems, connect
+from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, cluster_problems, connect
 from worker.settings import load_worker_settings
 from worker.storage import probe_write
 
@@ -91,6 +91,8 @@ async def redis_problems(timeout_s: float) -> list[str]:
             problems += [missing_group_problem(s, settings.redis_prefix) for s in await missing_groups(client, streams)]
             return problems
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
+        if mismatch := cluster_mode_mismatch(exc, settings.redis_cluster):
+            return [f"redis at {redact_url(settings.redis_url)}: {mismatch}"]
         return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {safe_message(str(exc))}"]
     finally:
         await client.aclose()

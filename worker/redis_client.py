@@ -46,8 +46,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import AskError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schema.settings import SettingsError
@@ -58,6 +58,23 @@ RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 REDIS_ERRORS: Final = (RedisError, RedisClusterException)
 """What a Redis call of either client may raise: redis-py's cluster client raises
 ``RedisClusterException`` (not a ``RedisError``) e.g. when the slots are not all covered."""
+
+
+def cluster_mode_mismatch(exc: BaseException, cluster: bool) -> str | None:
+    """Return what to fix when ``exc`` shows ``FANOUT_REDIS_CLUSTER`` does not match the server, else ``None``.
+
+    A plain client sent to a Cluster node gets ``MOVED``/``ASK`` for keys of other nodes'
+    slots (redis-py's message is only ``<slot> <host:port>``); the cluster client refuses
+    a node with cluster mode off. Running again cannot help either.
+    """
+    if not cluster and isinstance(exc, AskError):
+        return ("REDIS_URL is a node of a Redis Cluster (it redirected a key to another node): "
+                "set FANOUT_REDIS_CLUSTER=1")
+    if cluster and isinstance(exc, RedisClusterException) and "Cluster mode is not enabled" in str(exc):
+        return "REDIS_URL is not a Redis Cluster node (cluster mode is off there): set FANOUT_REDIS_CLUSTER=0"
+    if cluster and isinstance(exc, RedisClusterException) and "Unix domain socket" in str(exc):
+        return "a Redis Cluster is reached over TCP, not a unix socket: use a redis:// URL or FANOUT_REDIS_CLUSTER=0"
+    return None
 
 RETRIES: Final = 3
 """Retries of a command that failed on a connection or timeout error."""

@@ -26,10 +26,12 @@ from pathlib import Path
 import msgspec
 import pytest
 import redis
+import redis.cluster
 
 from publisher.stack import LocalStack, free_port, wait_for_port
 from schema.keys import Keys
 from schema.reducer import reduce
+from tests.worker.redis_proc import private_redis
 from worker.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -562,3 +564,40 @@ def test_the_publisher_warning_about_unreachable_redis_masks_a_password_given_in
             publisher.stderr.close()
     assert "password=***" in warning
     assert "query-secret-pw" not in warning + rest
+
+
+@pytest.mark.parametrize("command", [("export", "--output", os.devnull), ("health",)])
+def test_cluster_mode_that_does_not_match_the_server_is_named_with_its_fix(
+        command: tuple[str, ...], cluster_redis_url: str) -> None:
+    """FANOUT_REDIS_CLUSTER=1 on a single node, or 0 on a Cluster node holding the summaries
+    elsewhere, printed redis-py's words ("<slot> <host:port>" for a MOVED) and, for export,
+    "run again", which can never help; the message names the variable and the value to set."""
+    prefix = f"clmode{os.getpid()}"
+    seeded = cluster_client(cluster_redis_url)
+    single = contextlib.ExitStack()
+    try:
+        single_redis_url = single.enter_context(private_redis()).url  # over TCP
+        key = next(f"{prefix}{n}:done" for n in range(1000)  # the summaries and the probe key on other nodes
+                   if not any(_on_seed(seeded, f"{prefix}{n}:{name}", cluster_redis_url) for name in ("done", "probe")))
+        seeded.xadd(key, {"s": "{}"})
+        on_single = fanout(*command, env={"REDIS_URL": single_redis_url, "FANOUT_REDIS_CLUSTER": "1",
+                                          "FANOUT_REDIS_PREFIX": prefix})
+        line = one_line(on_single, 1, "not a Redis Cluster node", "set FANOUT_REDIS_CLUSTER=0")
+        assert "run again" not in line
+        on_cluster = fanout(*command, env={"REDIS_URL": cluster_redis_url, "FANOUT_REDIS_CLUSTER": "0",
+                                           "FANOUT_REDIS_PREFIX": key.removesuffix(":done")})
+        line = one_line(on_cluster, 1, "node of a Redis Cluster", "set FANOUT_REDIS_CLUSTER=1")
+        assert "run again" not in line
+    finally:
+        seeded.delete(key)
+        seeded.close()
+        single.close()
+
+
+def cluster_client(url: str) -> redis.cluster.RedisCluster:
+    return redis.cluster.RedisCluster.from_url(url)
+
+
+def _on_seed(client: redis.cluster.RedisCluster, key: str, seed_url: str) -> bool:
+    node = client.get_node_from_key(key)
+    return f":{node.port}/" in seed_url

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from publisher import hub as hub_module
-from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart
+from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart, encode_event
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher
 from tests.worker.redis_proc import RedisProcess, private_redis
@@ -188,3 +188,44 @@ async def test_a_redis_that_stops_answering_fails_requests_after_the_redis_timeo
                 server.proc.send_signal(signal.SIGCONT)
             async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}") as after:
                 assert after.status == 404
+
+
+async def test_live_readers_of_a_redis_that_stopped_answering_are_closed_not_left_with_heartbeats() -> None:
+    """A live reader whose Redis froze (SIGSTOP: no notification, no read answers) got only
+    ``: ping`` for as long as the freeze lasted, while a worker on the other side of a
+    partition could go on appending. After two failed live audits its response ends, so the
+    client reconnects with Last-Event-ID; after the thaw it resumes without loss."""
+    keys = Keys(prefix="faults-frozen-live")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    sid = "st_frozenlive"
+    with private_redis() as server:
+        assert server.proc is not None
+        client = server.client()
+        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
+        client.xadd(keys.events(sid), {"e": encode_event(
+            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        async with _publisher(server.url, keys, redis_timeout_s=0.3, heartbeat_s=0.4) as base, \
+                aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(f"{base}/v1/streams/{sid}/events") as resp:
+                assert resp.status == 200
+                body = b""
+                while b"id: 1\n" not in body:
+                    body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
+                server.proc.send_signal(signal.SIGSTOP)
+                try:
+                    async with asyncio.timeout(GUARD_S):
+                        body += await resp.content.read()  # a clean end of the response
+                finally:
+                    server.proc.send_signal(signal.SIGCONT)
+            assert body.count(b"id: ") == 1
+            client.xadd(keys.events(sid), {"e": encode_event(
+                BlockStart(stream_id=sid, seq=2, ts=2, block=BlockRef(id="b0", index=0, kind="text")))}, id="0-2")
+            client.hset(keys.meta(sid), "last_seq", 2)
+            async with asyncio.timeout(GUARD_S), http.get(f"{base}/v1/streams/{sid}/events",
+                                                          headers={"Last-Event-ID": "1"}) as again:
+                assert again.status == 200
+                resumed = b""
+                while b"id: 2\n" not in resumed:
+                    resumed += await again.content.readany()
+            assert b"id: 1\n" not in resumed
+        client.close()

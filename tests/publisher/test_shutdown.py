@@ -98,28 +98,39 @@ async def test_sigterm_stops_accepting_and_closes_streams_spread_over_the_window
     assert times[-1] - times[0] >= WINDOW_S * (2 / 3) * 0.6  # spread, not all at once
 
 
-async def test_a_response_blocked_on_a_stalled_client_is_cancelled_after_the_grace(ctx, spawn, redis_url):
-    """A client that stops reading mid-replay holds its handler in a write (for up to
-    FANOUT_WRITE_TIMEOUT_S, here 300 s): SIGTERM still ends the process once the window and
-    FANOUT_SHUTDOWN_GRACE_S have passed, with that connection closed, not at the write timeout."""
+async def store_big_stream(ctx) -> None:
+    """Seqs 1..242, 11.5 MB: more than loopback buffers hold, so a client that stops reading stalls the replay."""
     events = [start(ctx.sid), block_start(ctx.sid, 2, 0)]
-    events += [delta(ctx.sid, seq, 0, "y" * 48_000) for seq in range(3, 243)]  # 11.5 MB: more than loopback buffers
+    events += [delta(ctx.sid, seq, 0, "y" * 48_000) for seq in range(3, 243)]
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for event in events:
             pipe.xadd(ctx.keys.events(ctx.sid), {"e": encode_event(event)}, id=f"0-{event.seq}")
         await pipe.execute()
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).meta(last_seq=242)
-    proc = await spawn(publisher_env(redis_url, ctx.keys.prefix, FANOUT_SHUTDOWN_WINDOW_S="0.2",
-                                     FANOUT_SHUTDOWN_GRACE_S="0.5", FANOUT_WRITE_TIMEOUT_S="300"))
-    host, port = (await wait_listening(proc)).removeprefix("http://").rsplit(":", 1)
+
+
+def stalled_reader(base: str, sid: str) -> socket.socket:
+    """An SSE request over a socket with a 4 KB receive buffer whose status line is read; then nothing is."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled.connect((host, int(port)))
+    stalled.sendall(f"GET /v1/streams/{sid}/events HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {API_KEY}\r\n\r\n".encode())
+    stalled.settimeout(GUARD_S)
+    assert stalled.recv(16).startswith(b"HTTP/1.1 200")  # the replay runs
+    return stalled
+
+
+async def test_a_response_blocked_on_a_stalled_client_is_cancelled_after_the_grace(ctx, spawn, redis_url):
+    """A client that stops reading mid-replay holds its handler in a write (for up to
+    FANOUT_WRITE_TIMEOUT_S, here 300 s): SIGTERM still ends the process once the window and
+    FANOUT_SHUTDOWN_GRACE_S have passed, with that connection closed, not at the write timeout."""
+    await store_big_stream(ctx)
+    proc = await spawn(publisher_env(redis_url, ctx.keys.prefix, FANOUT_SHUTDOWN_WINDOW_S="0.2",
+                                     FANOUT_SHUTDOWN_GRACE_S="0.5", FANOUT_WRITE_TIMEOUT_S="300"))
+    stalled = stalled_reader(await wait_listening(proc), ctx.sid)
     try:
-        stalled.sendall(f"GET /v1/streams/{ctx.sid}/events HTTP/1.1\r\nHost: x\r\n"
-                        f"Authorization: Bearer {API_KEY}\r\n\r\n".encode())
-        stalled.settimeout(GUARD_S)
-        assert stalled.recv(16).startswith(b"HTTP/1.1 200")  # the replay runs; then nothing is read
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), GUARD_S) == 0
         received = b""
@@ -130,6 +141,29 @@ async def test_a_response_blocked_on_a_stalled_client_is_cancelled_after_the_gra
         assert received.count(b"\nid: ") < 242
         assert proc.stderr is not None
         assert b"then 0.5s for what still runs" in await proc.stderr.read()
+    finally:
+        stalled.close()
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 2.0])
+async def test_the_grace_bounds_the_whole_wait_and_zero_means_none(ctx, spawn, redis_url, grace_s):
+    """FANOUT_SHUTDOWN_GRACE_S is the whole wait for what still runs after the window: 0 cancels a
+    response blocked on a stalled client at once (aiohttp's 0 is "no limit": the process waited
+    for the 300 s write timeout), and 2 takes about 2 s (aiohttp waits the grace, cancels, then
+    waits the grace again: 4 s, past the chart's terminationGracePeriodSeconds budget)."""
+    await store_big_stream(ctx)
+    proc = await spawn(publisher_env(redis_url, ctx.keys.prefix, FANOUT_SHUTDOWN_WINDOW_S="0",
+                                     FANOUT_SHUTDOWN_GRACE_S=str(grace_s), FANOUT_WRITE_TIMEOUT_S="300"))
+    stalled = stalled_reader(await wait_listening(proc), ctx.sid)
+    try:
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), GUARD_S) == 0
+        assert time.monotonic() - began < grace_s * 1.25 + 0.75
+        assert proc.stderr is not None
+        text = (await proc.stderr.read()).decode()
+        assert "Traceback" not in text
+        assert "ERROR" not in text
     finally:
         stalled.close()
 
