@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=cluster))
     except REDIS_ERRORS as exc:
-        if mismatch := cluster_mode_mismatch(exc, environment.redis_cluster):
+        if mismatch := cluster_mode_mismatch(exc, cluster):
             sys.stderr.write(f"fanout export: cannot use Redis at {redact_url(url)}: {mismatch}; "
                              "nothing acknowledged is lost\n")
             return 1
