@@ -33,6 +33,7 @@ from publisher.tokens import Scope, issue
 from publisher.validation import Submission, decode_body, parse_submission
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD, Keys, shard_of
+from schema.logs import quoted
 from worker.intake import ensure_group
 from worker.redis_client import REDIS_ERRORS, RedisClient
 
@@ -230,8 +231,8 @@ async def accept_submission(request: web.Request, sub: Submission) -> dict[str, 
     outcome = await _create_meta(request, stream_id, sub, now_ms)
     if outcome in ("created", "orphan"):
         await _enqueue(request, stream_id, sub, now_ms)
-        log.info("submitted stream %s (%s %s)%s", stream_id, sub.provider, sub.model,
-                 " again: its first job was never enqueued" if outcome == "orphan" else "")
+        log.info("event=submitted stream_id=%s provider=%s model=%s%s", stream_id, sub.provider, quoted(sub.model),
+                 " again=first_job_never_enqueued" if outcome == "orphan" else "")
     elif outcome != "same":
         detail = "the stream id is taken by a job with another body" if outcome == "conflict" else (
             "the stream id belonged to an earlier job whose history expired")

@@ -65,6 +65,23 @@ def timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
+_BARE_VALUE = re.compile(r'[^\s"=\\]+')
+"""A logfmt value that needs no quotes: no space, quote, equals sign or backslash."""
+
+
+def quoted(value: object) -> str:
+    r"""Return ``value`` as one logfmt value: bare when it can be, else double-quoted.
+
+    Inside the quotes a backslash and a double quote are escaped (``\\``, ``\"``), so
+    a value from a request (a model name ``gpt level=ERROR``) stays one value and cannot
+    add fields to its line. :func:`logfmt_pairs` reads it back.
+    """
+    text = str(value)
+    if _BARE_VALUE.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 CONTROL_ESCAPES: Final[dict[int, str]] = {
     code: {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(chr(code), f"\\x{code:02x}")
     for code in (*range(0x20), 0x7F)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from publisher.tokens import verify
 from schema.job import job_decoder
 from schema.keys import JOB_FIELD
+from schema.logs import logfmt_pairs
 from tests.publisher.helpers import API_KEY, SECRET, StreamWriter, bearer
 
 pytestmark = pytest.mark.topologies
@@ -197,3 +199,14 @@ async def test_stream_id_of_an_expired_stream_is_409(ctx):
     async with await submit(ctx.http, ctx.server, {**BODY, "stream_id": "old"}) as resp:
         assert resp.status == 409
     assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
+
+
+async def test_the_submission_log_line_keeps_a_model_with_spaces_one_value(ctx, caplog):
+    """A model name is the caller's text: ``gpt level=ERROR`` must not add a ``level`` field to the line."""
+    with caplog.at_level(logging.INFO, logger="publisher.submit"):
+        resp = await submit(ctx.http, ctx.server, {**BODY, "model": 'gpt level=ERROR logger=x "q"'})
+        assert resp.status == 201
+        stream_id = (await resp.json())["stream_id"]
+    [message] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=submitted ")]
+    assert logfmt_pairs(message) == {"event": "submitted", "stream_id": stream_id, "provider": "openai_chat",
+                                     "model": 'gpt level=ERROR logger=x "q"'}

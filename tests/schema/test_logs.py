@@ -87,6 +87,19 @@ def test_logfmt_escapes_control_characters_so_a_record_is_one_line():
     assert match.group(4) == r"submitted stream st_1 (m\nts=forged level=ERROR\r\t\x1b[31m\x7f)"
 
 
+@pytest.mark.parametrize(("value", "written"), [
+    ("gpt-4o", "gpt-4o"),
+    ("gpt level=ERROR logger=x", '"gpt level=ERROR logger=x"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("a\\b", '"a\\\\b"'),
+    ("", '""'),
+])
+def test_quoted_keeps_a_value_from_a_request_one_logfmt_value(value, written):
+    assert logs.quoted(value) == written
+    assert logs.logfmt_pairs(f"event=submitted model={logs.quoted(value)} provider=openai_chat") == {
+        "event": "submitted", "model": value, "provider": "openai_chat"}
+
+
 def test_logfmt_escaping_leaves_the_record_as_it_was():
     record = logging.LogRecord("fanout.test", logging.INFO, __file__, 1, "a%s", ("\nb",), None)
     logs.LogfmtFormatter().format(record)
