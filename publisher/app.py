@@ -18,6 +18,7 @@ their clients reconnect to other publishers gradually.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -29,6 +30,7 @@ from publisher.edge import install_log_filter
 from publisher.hub import Hub
 from publisher.limits import ConnectionGate
 from publisher.middleware import add_cors_headers, edge_middleware
+from publisher.reader import Reader
 from publisher.routes import setup_routes
 from publisher.settings import PublisherSettings, resolve_secrets
 from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
@@ -124,18 +126,37 @@ def _redis_context(
     return redis_context
 
 
+SHUTDOWN_POLL_S: Final = 0.1
+"""While the shutdown window spaces the closes, how often it checks whether any reader is left, seconds."""
+
+
+async def _wait_step(hub: Hub, rest: list[Reader], step_s: float) -> bool:
+    """Wait ``step_s``; return False at once when no reader of ``rest`` is still open (their clients left)."""
+    deadline = time.monotonic() + step_s
+    while any(reader.closed is None and hub.joined(reader) for reader in rest):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        await asyncio.sleep(min(left, SHUTDOWN_POLL_S))
+    return False
+
+
 async def close_streams(app: web.Application) -> None:
     """Close every open SSE response, spread evenly over ``FANOUT_SHUTDOWN_WINDOW_S``.
 
     New SSE requests are refused (503) from the start. Each closed response ends
-    normally, so EventSource reconnects (to another publisher) after its ``retry:``.
+    normally, so EventSource reconnects (to another publisher) after its ``retry:``. A
+    reader whose client left meanwhile is not closed, and once every client still to
+    close has left the window is not waited out.
     """
     app[GATE].closing = True
-    readers = app[HUB].readers()
+    hub = app[HUB]
+    readers = hub.readers()
     step_s = app[SETTINGS].shutdown_window_s / len(readers) if readers else 0.0
     for index, reader in enumerate(readers):
-        if index:
-            await asyncio.sleep(step_s)
-        reader.close("shutdown")
+        if index and not await _wait_step(hub, readers[index:], step_s):
+            break  # every client still to close has left
+        if reader.closed is None and hub.joined(reader):
+            reader.close("shutdown")
     for reader in app[HUB].readers():
         reader.close("shutdown")

@@ -169,6 +169,11 @@ class Hub:
         """Return every joined reader (for shutdown)."""
         return [reader for topic in self._topics.values() for reader in topic.readers]
 
+    def joined(self, reader: Reader) -> bool:
+        """Return True while ``reader`` is registered (:meth:`join`, not yet :meth:`leave`)."""
+        topic = self._topics.get(reader.stream_id)
+        return topic is not None and reader in topic.readers
+
     def reader_count(self, stream_id: str) -> int:
         """Return how many readers of ``stream_id`` are joined."""
         topic = self._topics.get(stream_id)

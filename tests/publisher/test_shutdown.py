@@ -168,6 +168,28 @@ async def test_the_grace_bounds_the_whole_wait_and_zero_means_none(ctx, spawn, r
         stalled.close()
 
 
+async def test_the_window_is_not_waited_out_once_every_client_left(ctx, spawn, redis_url):
+    """Two readers, a 600 s window: the first is closed at SIGTERM, the second's client then
+    leaves, and the process exits instead of waiting the 300 s step for nobody."""
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    proc = await spawn(publisher_env(redis_url, ctx.keys.prefix, FANOUT_SHUTDOWN_WINDOW_S="600"))
+    base = await wait_listening(proc)
+    async with aiohttp.ClientSession() as http:
+        responses = [await http.get(f"{base}/v1/streams/{ctx.sid}/events", headers=bearer(API_KEY)) for _ in range(2)]
+        clients = [SSEClient(resp) for resp in responses]
+        for client in clients:
+            assert (await client.next_event())["id"] == "1"
+        proc.send_signal(signal.SIGTERM)
+        done, pending = await asyncio.wait([asyncio.ensure_future(c.message()) for c in clients],
+                                           timeout=GUARD_S, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1  # one closed at once, the other waits its turn
+        for task in pending:
+            task.cancel()
+        for resp in responses:
+            resp.close()  # the client still waiting leaves
+        assert await asyncio.wait_for(proc.wait(), GUARD_S) == 0
+
+
 async def test_publisher_refuses_to_start_without_a_token_secret(spawn, redis_url, keys):
     env = publisher_env(redis_url, keys.prefix)
     del env["FANOUT_TOKEN_SECRET"]
