@@ -80,14 +80,14 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Size of the Redis connection pool (one connection is the hub's pub/sub)."""
     redis_pool_timeout_s: PositiveFloat = 5.0
     """How long a command waits for a free pooled connection before failing (503), seconds."""
-    redis_timeout_s: PositiveFloat = 2.0
+    redis_timeout_s: Annotated[float, msgspec.Meta(ge=0.1)] = 2.0
     """Longest wait for Redis to answer one command, or to accept a connection, seconds. A
     command that times out is retried on a new connection (three times, with backoff of up
     to 1 s); then the request fails as when Redis is unreachable (503, or for SSE a
     ``retry:`` hint and the end of the response), instead of waiting for a Redis that
     stopped answering. One command can so take about four times this plus 2 s, and a
     request that needs several commands (an SSE request reads meta, then history) several
-    times that."""
+    times that. At least 0.1: below it a long history page times out on a healthy Redis."""
     redis_prefix: str = "fanout"
     """Key prefix of the deployment (schema.keys)."""
     redis_cluster: bool = False

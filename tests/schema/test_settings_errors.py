@@ -24,6 +24,7 @@ from worker.settings import WorkerSettings
     ("FANOUT_SHUTDOWN_GRACE_S", "inf", "expected a finite number"),
     ("FANOUT_REDIS_TIMEOUT_S", "Infinity", "expected a finite number"),
     ("FANOUT_REDIS_TIMEOUT_S", "-inf", "expected a finite number"),
+    ("FANOUT_REDIS_TIMEOUT_S", "0.099", ">= 0.1"),
     ("FANOUT_READ_AHEAD_HOLD_MS", "1s", "expected a number"),
 ])
 def test_a_bad_variable_is_named_with_its_value(name, value, why):
@@ -63,6 +64,10 @@ def test_no_number_setting_takes_a_non_finite_value(cls):
     for field in floats:
         with pytest.raises(SettingsError, match="expected a finite number"):
             load_settings(cls, {f"FANOUT_{field.upper()}": "inf"})
+
+
+def test_the_redis_timeout_takes_its_lower_edge():
+    assert load_settings(PublisherSettings, {"FANOUT_REDIS_TIMEOUT_S": "0.1"}).redis_timeout_s == 0.1
 
 
 def test_a_finite_number_is_still_taken_where_its_text_looks_like_one():
