@@ -88,11 +88,18 @@ async def ensure_group(client: RedisClient, stream: str) -> bool:
 
 
 async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
-    """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each)."""
+    """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each).
+
+    Raises:
+        redis.exceptions.AskError: ``MOVED``/``ASK``: a plain client talks to a Cluster
+            node (``FANOUT_REDIS_CLUSTER`` does not match the server); not a missing group.
+    """
     missing = []
     for stream in streams:
         try:
             groups = await client.xinfo_groups(stream)
+        except redis.exceptions.AskError:
+            raise
         except redis.exceptions.ResponseError:  # no such key
             groups = []
         if not any(_text(group.get("name", b"")) == JOBS_GROUP for group in groups):

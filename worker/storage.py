@@ -182,12 +182,18 @@ async def probe_write(client: RedisClient, key: str, *, timeout_s: float) -> str
     Returns:
         ``None`` when the write was taken, else why not: the server's message (masked,
         cut), or that it did not answer in time.
+
+    Raises:
+        redis.exceptions.AskError: ``MOVED``/``ASK``: a plain client talks to a Cluster
+            node whose slot map puts ``key`` elsewhere (the caller names the setting).
     """
     try:
         async with asyncio.timeout(timeout_s):
             await client.set(key, b"1", px=PROBE_TTL_MS)
     except TimeoutError:
         return f"Redis did not take a write within {timeout_s:g} s"
+    except rex.AskError:  # MOVED/ASK: the client's topology is wrong, not a refused write
+        raise
     except (rex.RedisError, OSError) as exc:
         return f"Redis refuses writes ({type(exc).__name__}: {safe_message(str(exc))})"
     return None

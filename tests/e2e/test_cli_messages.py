@@ -577,14 +577,18 @@ def test_cluster_mode_that_does_not_match_the_server_is_named_with_its_fix(
     single = contextlib.ExitStack()
     try:
         single_redis_url = single.enter_context(private_redis()).url  # over TCP
-        key = next(f"{prefix}{n}:done" for n in range(1000)  # the summaries and the probe key on other nodes
-                   if not any(_on_seed(seeded, f"{prefix}{n}:{name}", cluster_redis_url) for name in ("done", "probe")))
+        # a seed that owns none of the keys the command reads: the jobs stream ({0}: one slot for
+        # every prefix, so the seed is a node other than its owner), the summaries, the probe key
+        jobs_owner = seeded.get_node_from_key("x:jobs:{0}").port
+        seed = next(f"redis://127.0.0.1:{node.port}/0" for node in seeded.get_primaries() if node.port != jobs_owner)
+        key = next(f"{prefix}{n}:done" for n in range(1000)
+                   if not any(_on_seed(seeded, f"{prefix}{n}:{name}", seed) for name in ("done", "probe")))
         seeded.xadd(key, {"s": "{}"})
         on_single = fanout(*command, env={"REDIS_URL": single_redis_url, "FANOUT_REDIS_CLUSTER": "1",
                                           "FANOUT_REDIS_PREFIX": prefix})
         line = one_line(on_single, 1, "not a Redis Cluster node", "set FANOUT_REDIS_CLUSTER=0")
         assert "run again" not in line
-        on_cluster = fanout(*command, env={"REDIS_URL": cluster_redis_url, "FANOUT_REDIS_CLUSTER": "0",
+        on_cluster = fanout(*command, env={"REDIS_URL": seed, "FANOUT_REDIS_CLUSTER": "0",
                                            "FANOUT_REDIS_PREFIX": key.removesuffix(":done")})
         line = one_line(on_cluster, 1, "node of a Redis Cluster", "set FANOUT_REDIS_CLUSTER=1")
         assert "run again" not in line
