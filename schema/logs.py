@@ -69,17 +69,18 @@ _BARE_VALUE = re.compile(r'[^\s"=\\]+')
 """A logfmt value that needs no quotes: no space, quote, equals sign or backslash."""
 
 
-def quoted(value: object) -> str:
-    r"""Return ``value`` as one logfmt value: bare when it can be, else double-quoted.
+def quoted(value: object, *, always: bool = False) -> str:
+    r"""Return ``value`` as one logfmt value: bare when it can be (and not ``always``), else double-quoted.
 
-    Inside the quotes a backslash and a double quote are escaped (``\\``, ``\"``), so
+    Inside the quotes a backslash, a double quote and a line break are escaped (``\\``, ``\"``, ``\n``), so
     a value from a request (a model name ``gpt level=ERROR``) stays one value and cannot
     add fields to its line. :func:`logfmt_pairs` reads it back.
     """
     text = str(value)
-    if _BARE_VALUE.fullmatch(text):
+    if not always and _BARE_VALUE.fullmatch(text):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
+    return f'"{text}"'
 
 
 CONTROL_ESCAPES: Final[dict[int, str]] = {
@@ -115,6 +116,8 @@ class LogfmtFormatter(logging.Formatter):
 
 _PAIR = re.compile(r'([A-Za-z_][\w.]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?:\s+|$)')
 """One logfmt ``key=value`` pair: a bare value (no space, no quote) or a double-quoted one."""
+_UNESCAPE: Final = {"n": "\n", "r": "\r"}
+"""Backslash escapes of a quoted value other than the escaped character itself."""
 RESERVED_FIELDS: Final = frozenset({"ts", "level", "logger", "msg", "exc"})
 """Fields of every JSON line, which a message's pairs never replace."""
 
@@ -134,7 +137,7 @@ def logfmt_pairs(message: str) -> dict[str, str] | None:
             return None
         key, value = match.group(1), match.group(2)
         if value.startswith('"'):
-            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            value = re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m[1], m[1]), value[1:-1])
         pairs.setdefault(key, value)
         position = match.end()
     return pairs or None

@@ -11,6 +11,7 @@ import re
 from typing import Final
 
 from schema.contract import ErrorCategory, ErrorStatus
+from schema.logs import quoted
 
 RETRYABLE: Final[dict[ErrorCategory, bool]] = {
     "upstream_overloaded": True,
@@ -57,9 +58,8 @@ def safe_message(text: str) -> str:
 def redis_error_fields(exc: BaseException) -> str:
     """Return ``error=<class> message="<text>"`` for a log line: the server's message, masked and quoted.
 
-    The text is :func:`safe_message` of ``str(exc)`` (credentials masked, cut), with
-    backslashes, double quotes and line breaks escaped so the key=value line stays one line.
+    The text is :func:`safe_message` of ``str(exc)`` (credentials masked, cut), quoted by
+    :func:`schema.logs.quoted` (backslashes, double quotes and line breaks escaped), so
+    the key=value line stays one line.
     """
-    text = safe_message(str(exc)).replace("\\", "\\\\").replace('"', '\\"')
-    text = text.replace("\r", "\\r").replace("\n", "\\n")
-    return f'error={type(exc).__name__} message="{text}"'
+    return f"error={type(exc).__name__} message={quoted(safe_message(str(exc)), always=True)}"

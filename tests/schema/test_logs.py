@@ -92,6 +92,7 @@ def test_logfmt_escapes_control_characters_so_a_record_is_one_line():
     ("gpt level=ERROR logger=x", '"gpt level=ERROR logger=x"'),
     ('say "hi"', '"say \\"hi\\""'),
     ("a\\b", '"a\\\\b"'),
+    ("one\ntwo\r", '"one\\ntwo\\r"'),
     ("", '""'),
 ])
 def test_quoted_keeps_a_value_from_a_request_one_logfmt_value(value, written):
