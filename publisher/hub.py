@@ -118,10 +118,11 @@ class Hub:
     ) -> None:
         self._reconnect = reconnect
         point = endpoint_of(redis) if mode == "classic" else Endpoint()  # sharded: never connected
-        self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged)
-        self._staged: list[Topic] = []
         self._store = store
         self._reads = LiveReads(store, live_read_s)
+        self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged,
+                                hold=self._reads.hold_s)
+        self._staged: list[Topic] = []
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
@@ -140,7 +141,8 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self._shards = None if mode == "classic" else ShardLinks(
             cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
-            on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged)
+            on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged,
+            hold=self._reads.hold_s)
 
     async def start(self) -> None:
         """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""

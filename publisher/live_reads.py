@@ -60,6 +60,7 @@ class LiveReads:
         self._wanted: dict[Topic, None] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._tokens, self._filled = BURST, time.monotonic()
 
     def start(self) -> asyncio.Task[None]:
         """Start the read loop; cancel the returned task to stop it."""
@@ -71,21 +72,37 @@ class LiveReads:
         self._wanted[topic] = None
         self._wake.set()
 
+    def hold_s(self) -> float:
+        """Return how long a read asked for from now on would wait for its token, seconds.
+
+        The topics queued already take the next token; a notification that needs a read
+        and arrives before the token after it cannot be served sooner, so the subscriber
+        connection may rest this long (:class:`publisher.pubsub.PubSubLink` ``hold``) and
+        hand those notifications over in one socket read instead of several. 0 while
+        tokens are saved, and without pacing.
+        """
+        if self._interval_s <= 0:
+            return 0.0
+        tokens = min(BURST, self._tokens + (time.monotonic() - self._filled) / self._interval_s)
+        if self._wanted:
+            tokens -= 1
+        return max(0.0, (1 - tokens) * self._interval_s)
+
     async def _loop(self) -> None:
-        tokens, filled = BURST, time.monotonic()
         while True:
             await self._wake.wait()
             self._wake.clear()
             if self._interval_s > 0:
                 now = time.monotonic()
-                tokens, filled = min(BURST, tokens + (now - filled) / self._interval_s), now
-                if tokens < 1:
-                    await asyncio.sleep((1 - tokens) * self._interval_s)
-                    tokens, filled = 1.0, time.monotonic()
+                self._tokens = min(BURST, self._tokens + (now - self._filled) / self._interval_s)
+                self._filled = now
+                if self._tokens < 1:
+                    await asyncio.sleep((1 - self._tokens) * self._interval_s)
+                    self._tokens, self._filled = 1.0, time.monotonic()
             batch = self._take()
             if not batch:
                 continue
-            tokens -= 1
+            self._tokens -= 1
             try:
                 await self._read(batch)
             except Exception:  # a bug: log it, keep serving the other topics, retry these

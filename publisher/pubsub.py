@@ -63,9 +63,9 @@ def pack(*parts: bytes | str) -> bytes:
 
 class _Protocol(asyncio.Protocol):
     def __init__(self, on_push: Callable[[Any], None], on_lost: Callable[[Exception | None], None],
-                 batch_s: float, on_read: Callable[[], None]) -> None:
+                 batch_s: float, on_read: Callable[[], None], hold: Callable[[], float]) -> None:
         self.reader = hiredis.Reader()
-        self.on_push, self.on_lost, self.on_read = on_push, on_lost, on_read
+        self.on_push, self.on_lost, self.on_read, self.hold = on_push, on_lost, on_read, hold
         self.transport: asyncio.Transport | None = None
         self.batch_s = batch_s
         self.loop = asyncio.get_running_loop()  # looked up once: Python 3.11 asks the kernel its pid each time
@@ -80,8 +80,9 @@ class _Protocol(asyncio.Protocol):
             self.on_push(reply)
         self.on_read()
         if self.batch_s > 0 and self.transport is not None:  # let the next messages gather: one read for several
+            # at most half the time spent fanning out; no sooner than a read these messages asked for could start
+            rest_s = max(self.batch_s, time.monotonic() - started, self.hold())
             self.transport.pause_reading()
-            rest_s = max(self.batch_s, time.monotonic() - started)  # at most half the time spent fanning out
             self.loop.call_later(rest_s, self._resume)
 
     def _resume(self) -> None:
@@ -106,14 +107,19 @@ class PubSubLink:
             come in one read and fan out in one write per reader (fewer wake-ups and
             writes under load; adds at most that much latency). 0 reads at once.
         on_read: Called after the replies of one socket read were pushed.
+        hold: Called after ``on_read`` when ``batch_s`` > 0: the socket rests at least
+            this many seconds more (the wait of a stored-stream read the pushed
+            messages asked for, :meth:`publisher.live_reads.LiveReads.hold_s`: messages
+            arriving before it could start gather in one read instead of several).
     """
 
     def __init__(self, endpoint: Endpoint, on_push: Callable[[Any], None],
                  on_lost: Callable[[Exception | None], None], batch_s: float = 0.0,
-                 on_read: Callable[[], None] = lambda: None) -> None:
+                 on_read: Callable[[], None] = lambda: None, *, hold: Callable[[], float] = lambda: 0.0) -> None:
         self.endpoint = endpoint
         self.batch_s = batch_s
         self._on_read = on_read
+        self._hold = hold
         self._on_push, self._on_lost = on_push, on_lost
         self._protocol: _Protocol | None = None
         self._handshake: asyncio.Queue[Any] | None = None
@@ -141,7 +147,7 @@ class PubSubLink:
         loop = asyncio.get_running_loop()
         self._handshake = queue = asyncio.Queue[Any]()
         point = self.endpoint
-        factory = lambda: _Protocol(self._push, self._lost, self.batch_s, self._read_done)  # noqa: E731
+        factory = lambda: _Protocol(self._push, self._lost, self.batch_s, self._read_done, self._hold)  # noqa: E731
         context = ssl.create_default_context() if point.tls else None
         if point.path is not None:
             _, protocol = await loop.create_unix_connection(factory, point.path)

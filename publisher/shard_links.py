@@ -78,10 +78,10 @@ class _Shard:
     """One primary's subscriber connection and the channels routed to it."""
 
     def __init__(self, node: ClusterNode, on_push: Callable[[_Shard, Any], None], batch_s: float,
-                 on_read: Callable[[], None]) -> None:
+                 on_read: Callable[[], None], hold: Callable[[], float]) -> None:
         self.name = node.name
         self.link = PubSubLink(node_endpoint(node), lambda reply: on_push(self, reply), lambda exc: self.lost.set(),
-                               batch_s, on_read)
+                               batch_s, on_read, hold=hold)
         self.channels: set[bytes] = set()
         """Channels routed here (subscribed, or to be)."""
         self.subscribed: set[bytes] = set()
@@ -123,14 +123,16 @@ class ShardLinks:
         on_subscribed: Called with the channel of each confirmed ``SSUBSCRIBE`` at its owner.
         batch_s: Each link's read pause (:class:`PubSubLink` ``batch_s``).
         on_read: Called after the pushes of one socket read of any link.
+        hold: Each link's extra rest after a read (:class:`PubSubLink` ``hold``).
     """
 
     def __init__(self, cluster: RedisCluster, *, topic_of: Callable[[bytes], Topic | None],
                  on_message: Callable[[bytes, bytes], None], on_subscribed: Callable[[bytes], None],
-                 batch_s: float = 0.0, on_read: Callable[[], None] = lambda: None) -> None:
+                 batch_s: float = 0.0, on_read: Callable[[], None] = lambda: None,
+                 hold: Callable[[], float] = lambda: 0.0) -> None:
         self._cluster = cluster
         self._topic_of, self._on_message, self._on_subscribed = topic_of, on_message, on_subscribed
-        self._batch_s, self._on_read = batch_s, on_read
+        self._batch_s, self._on_read, self._hold = batch_s, on_read, hold
         self._shards: dict[str, _Shard] = {}
         self._route: dict[bytes, _Shard] = {}
         self._flush_due = False
@@ -184,7 +186,7 @@ class ShardLinks:
             node = primaries[0]
         shard = self._shards.get(node.name)
         if shard is None:
-            shard = self._shards[node.name] = _Shard(node, self._push, self._batch_s, self._on_read)
+            shard = self._shards[node.name] = _Shard(node, self._push, self._batch_s, self._on_read, self._hold)
             shard.task = asyncio.create_task(self._run(shard))
         self._route[channel] = shard
         shard.channels.add(channel)

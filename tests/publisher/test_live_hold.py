@@ -1,0 +1,98 @@
+"""A seq-only notification waiting for its read token holds the subscriber connection that long.
+
+Reading the live channel again before the stored-stream read it asked for can start
+costs a wake-up and a socket read and serves nobody sooner; so after a read whose
+notifications asked for a read, the subscriber connection rests until the next read
+token (``LiveReads.hold_s``), and what arrives meanwhile comes in one socket read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from publisher.live_reads import BURST, LiveReads
+from publisher.pubsub import PubSubLink, endpoint_of
+from publisher.reader import Reader
+from publisher.store import Store
+from publisher.topic import Topic
+from tests.publisher.helpers import eventually
+
+
+async def test_hold_is_the_wait_for_the_next_read_token_and_counts_a_queued_read(redis_client, keys):
+    interval_s = 5.0  # long beside the test's own steps: no token comes back meanwhile
+    reads = LiveReads(Store(redis_client, keys, page=100), interval_s)
+    task = reads.start()
+    try:
+        assert reads.hold_s() == 0.0  # tokens saved: nothing to wait for
+        topic = Topic("st_hold", b"hold:live", reads.want)
+        reader = Reader("st_hold", 0, 10)
+        topic.readers.add(reader)
+        assert topic.go_live(reader)
+        for _ in range(int(BURST)):  # spend the saved tokens, one read each (an empty stream: empty pages)
+            topic.kick()
+            await eventually(lambda: not topic.pending and not topic.reading)
+        began = time.monotonic()
+        idle = reads.hold_s()
+        topic.kick()  # queued, not yet taken: it takes the next token, a later one waits for the token after
+        queued = reads.hold_s()
+        elapsed = time.monotonic() - began
+        assert interval_s - 1.0 < idle <= interval_s
+        assert abs(queued - idle - interval_s) <= elapsed + 1e-3
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _link(redis_client: Any, hold_s: float) -> tuple[PubSubLink, list[list[bytes]], bytes]:
+    """Open a link subscribed to a fresh channel; return it, the messages of each socket read, the channel."""
+    channel = f"hold:{time.time_ns()}".encode()
+    reads: list[list[bytes]] = [[]]
+    subscribed = asyncio.Event()
+
+    def push(reply: Any) -> None:
+        if reply[0] == b"message":
+            reads[-1].append(reply[2])
+        elif reply[0] == b"subscribe":
+            subscribed.set()
+
+    def read_done() -> None:
+        if reads[-1]:
+            reads.append([])
+
+    link = PubSubLink(endpoint_of(redis_client), push, lambda exc: None, 0.001, read_done, hold=lambda: hold_s)
+    await link.connect()
+    link.send("SUBSCRIBE", channel)
+    await subscribed.wait()
+    return link, reads, channel
+
+
+async def test_the_subscriber_connection_rests_for_the_hold_and_reads_what_came_meanwhile_at_once(redis_client):
+    hold_s = 0.5
+    link, reads, channel = await _link(redis_client, hold_s)
+    try:
+        await redis_client.publish(channel, b"1")
+        await eventually(lambda: reads[0] == [b"1"] and len(reads) == 2)
+        read_at = time.monotonic()  # the socket now rests for the hold
+        for payload in (b"2", b"3", b"4"):
+            await redis_client.publish(channel, payload)
+            await asyncio.sleep(0.05)
+        published_s = time.monotonic() - read_at
+        await eventually(lambda: len(reads) == 3)
+        if published_s < hold_s:  # all three were published within the rest: one socket read holds them
+            assert reads[1] == [b"2", b"3", b"4"]
+        assert time.monotonic() - read_at >= hold_s - 0.01  # the loop's timers round to the millisecond
+    finally:
+        link.close()
+
+
+async def test_without_a_hold_each_message_is_read_when_it_comes(redis_client):
+    link, reads, channel = await _link(redis_client, 0.0)
+    try:
+        for payload in (b"1", b"2", b"3"):
+            await redis_client.publish(channel, payload)
+            await eventually(lambda: len(reads) >= 2 and reads[-2][-1:] == [payload])
+        assert reads[:3] == [[b"1"], [b"2"], [b"3"]]
+    finally:
+        link.close()
