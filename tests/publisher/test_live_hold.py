@@ -92,7 +92,7 @@ async def test_without_a_hold_each_message_is_read_when_it_comes(redis_client):
     try:
         for count, payload in enumerate((b"1", b"2", b"3"), 2):
             await redis_client.publish(channel, payload)
-            await eventually(lambda n=count: len(reads) >= n)  # type: ignore[misc]
+            await eventually(lambda n=count: len(reads) >= n)
         assert reads[:3] == [[b"1"], [b"2"], [b"3"]]
     finally:
         link.close()
