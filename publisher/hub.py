@@ -17,7 +17,8 @@ Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICK
 interval), not one per response. Every half heartbeat interval the topics that heard
 nothing for that long are audited (:mod:`publisher.audit`): a lost notification is read,
 lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
-When two audits in a row fail (Redis frozen or cut off), the live readers of the topics
+An audit not answered within its interval has failed. When two audits in a row fail
+(Redis frozen or cut off), the live readers of the topics
 that heard nothing meanwhile are closed, so their clients reconnect and resume instead of
 getting only heartbeats.
 
@@ -423,9 +424,11 @@ class Hub:
             await asyncio.sleep(self._audit_s)
             began = time.monotonic()
             try:
-                await audit(self._store, list(self._topics.values()), self._audit_s)
-            except REDIS_ERRORS as exc:  # a cluster client raises RedisClusterException while no node answers
-                log.warning("live audit failed: %s", exc)
+                # bounded by its interval: the client's timeout bounds each attempt, not its retries and reconnects
+                async with asyncio.timeout(self._audit_s):
+                    await audit(self._store, list(self._topics.values()), self._audit_s)
+            except (*REDIS_ERRORS, TimeoutError) as exc:  # a cluster client raises RedisClusterException too
+                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_s:g}s")
                 if failing_since is None:
                     failing_since = began
                 else:

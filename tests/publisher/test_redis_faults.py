@@ -190,6 +190,37 @@ async def test_a_redis_that_stops_answering_fails_requests_after_the_redis_timeo
                 assert after.status == 404
 
 
+async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> None:
+    """With a Redis timeout far longer than the audit interval (each attempt of the audit's
+    pipelined read, its retries and reconnects would wait that long), an audit still
+    fails at its interval: two of them close the live reader of a frozen Redis within
+    about a heartbeat interval, not after the client's retries ran out."""
+    keys = Keys(prefix="faults-audit-bound")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    sid = "st_auditbound"
+    with private_redis() as server:
+        assert server.proc is not None
+        client = server.client()
+        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
+        client.xadd(keys.events(sid), {"e": encode_event(
+            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        async with _publisher(server.url, keys, redis_timeout_s=GUARD_S, heartbeat_s=0.4) as base, \
+                aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(f"{base}/v1/streams/{sid}/events") as resp:
+                assert resp.status == 200
+                body = b""
+                while b"id: 1\n" not in body:
+                    body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
+                server.proc.send_signal(signal.SIGSTOP)
+                try:
+                    async with asyncio.timeout(GUARD_S):  # one audit attempt alone would take GUARD_S
+                        body += await resp.content.read()  # a clean end of the response
+                finally:
+                    server.proc.send_signal(signal.SIGCONT)
+            assert body.count(b"id: ") == 1
+        client.close()
+
+
 async def test_live_readers_of_a_redis_that_stopped_answering_are_closed_not_left_with_heartbeats() -> None:
     """A live reader whose Redis froze (SIGSTOP: no notification, no read answers) got only
     ``: ping`` for as long as the freeze lasted, while a worker on the other side of a
