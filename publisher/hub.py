@@ -122,8 +122,10 @@ class Hub:
         self._store = store
         self._reads = LiveReads(store, live_read_s)
         self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged,
-                                hold=self._reads.hold_s)
+                                hold=self._hold_s)
         self._staged: list[Topic] = []
+        self._carried = False
+        """The last read of the subscriber connection delivered events its notifications carried."""
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
@@ -143,7 +145,7 @@ class Hub:
         self._shards = None if mode == "classic" else ShardLinks(
             cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
             on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged,
-            hold=self._reads.hold_s)
+            hold=self._hold_s)
 
     async def start(self) -> None:
         """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""
@@ -338,8 +340,18 @@ class Hub:
     def _flush_staged(self) -> None:
         """After one read of the subscriber connection: fan out what it staged, one write per reader."""
         staged, self._staged = self._staged, []
+        self._carried = bool(staged)
         for topic in staged:
             topic.flush()
+
+    def _hold_s(self) -> float:
+        """Return the subscriber connection's rest after a read beyond ``FANOUT_LIVE_BATCH_MS``, seconds (``hold``).
+
+        After a read whose notifications only asked for reads, until the next read token
+        (:meth:`LiveReads.hold_s`); none after a read that delivered carried events, so
+        such traffic keeps the short rest.
+        """
+        return 0.0 if self._carried else self._reads.hold_s()
 
     def _on_lost(self, exc: Exception | None) -> None:
         self._lost.set()

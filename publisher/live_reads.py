@@ -43,6 +43,9 @@ BURST: Final = 3.0
 """Most read tokens saved while reads are rarer than one per interval."""
 RETRY_S: Final = 0.5
 """Pause after a failed read before its topics are read again, seconds."""
+HOLD_MAX_S: Final = 0.025
+"""Longest :meth:`LiveReads.hold_s`, seconds: a notification that carries its events and
+arrives while the subscriber connection rests for a read token waits at most this long."""
 
 
 class LiveReads:
@@ -79,14 +82,14 @@ class LiveReads:
         and arrives before the token after it cannot be served sooner, so the subscriber
         connection may rest this long (:class:`publisher.pubsub.PubSubLink` ``hold``) and
         hand those notifications over in one socket read instead of several. 0 while
-        tokens are saved, and without pacing.
+        tokens are saved, and without pacing; at most :data:`HOLD_MAX_S`.
         """
         if self._interval_s <= 0:
             return 0.0
         tokens = min(BURST, self._tokens + (time.monotonic() - self._filled) / self._interval_s)
         if self._wanted:
             tokens -= 1
-        return max(0.0, (1 - tokens) * self._interval_s)
+        return min(HOLD_MAX_S, max(0.0, (1 - tokens) * self._interval_s))
 
     async def _loop(self) -> None:
         while True:

@@ -12,37 +12,73 @@ import asyncio
 import time
 from typing import Any
 
-from publisher.live_reads import BURST, LiveReads
+from publisher.live_reads import BURST, HOLD_MAX_S, LiveReads
 from publisher.pubsub import PubSubLink, endpoint_of
 from publisher.reader import Reader
 from publisher.store import Store
 from publisher.topic import Topic
-from tests.publisher.helpers import eventually
+from tests.publisher.helpers import (
+    API_KEY,
+    SSEClient,
+    StreamWriter,
+    bearer,
+    delta,
+    eventually,
+    make_settings,
+    start,
+)
 
 
-async def test_hold_is_the_wait_for_the_next_read_token_and_counts_a_queued_read(redis_client, keys):
+async def test_hold_is_zero_while_tokens_are_saved_and_the_capped_token_wait_once_they_are_spent(redis_client, keys):
     interval_s = 5.0  # long beside the test's own steps: no token comes back meanwhile
     reads = LiveReads(Store(redis_client, keys, page=100), interval_s)
     task = reads.start()
     try:
-        assert reads.hold_s() == 0.0  # tokens saved: nothing to wait for
         topic = Topic("st_hold", b"hold:live", reads.want)
         reader = Reader("st_hold", 0, 10)
         topic.readers.add(reader)
         assert topic.go_live(reader)
-        for _ in range(int(BURST)):  # spend the saved tokens, one read each (an empty stream: empty pages)
+        for _ in range(int(BURST) - 1):  # tokens left: a read asked for now starts at once
+            assert reads.hold_s() == 0.0
             topic.kick()
+            assert reads.hold_s() == 0.0  # the queued read takes one saved token, another is left
             await eventually(lambda: not topic.pending and not topic.reading)
-        began = time.monotonic()
-        idle = reads.hold_s()
-        topic.kick()  # queued, not yet taken: it takes the next token, a later one waits for the token after
-        queued = reads.hold_s()
-        elapsed = time.monotonic() - began
-        assert interval_s - 1.0 < idle <= interval_s
-        assert abs(queued - idle - interval_s) <= elapsed + 1e-3
+        topic.kick()  # takes the last saved token
+        assert reads.hold_s() == HOLD_MAX_S  # the next read waits for a token seconds away: capped
+        await eventually(lambda: not topic.pending and not topic.reading)
+        assert reads.hold_s() == HOLD_MAX_S
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_carried_notification_is_not_held_behind_a_seq_only_read_waiting_for_its_token(ctx):
+    """Stream A's seq-only notifications spend every read token (one per 5 s, then), so
+    after reading A's last one the subscriber connection rests for the next token; B's
+    notification, carrying its event, published during that rest, reaches its reader
+    after at most ``HOLD_MAX_S`` of it, not after the seconds until that token."""
+    seq_only, carried = f"{ctx.sid}_a", f"{ctx.sid}_b"
+    interval_s = 5.0
+    server = await ctx.start_app(make_settings(live_read_ms=interval_s * 1000, live_batch_ms=1.0))
+    writers = {sid: StreamWriter(ctx.redis, ctx.keys, sid) for sid in (seq_only, carried)}
+    for writer in writers.values():
+        await writer.append(start(writer.sid), notify=False)
+    responses = [await ctx.http.get(server.url(f"/v1/streams/{sid}/events"), headers=bearer(API_KEY))
+                 for sid in (seq_only, carried)]
+    try:
+        client_a, client_b = (SSEClient(resp) for resp in responses)
+        for client in (client_a, client_b):
+            assert (await client.next_event())["id"] == "1"
+        for seq in range(2, 2 + int(BURST)):  # one read each: the last takes the last saved token
+            await writers[seq_only].append(delta(seq_only, seq, 0))
+            assert (await client_a.next_event())["id"] == str(seq)
+        published = time.monotonic()
+        await writers[carried].append(delta(carried, 2, 0), full=True)
+        assert (await client_b.next_event())["id"] == "2"
+        assert time.monotonic() - published < interval_s / 2  # not held until the token, 5 s after A's last read
+    finally:
+        for resp in responses:
+            resp.close()
 
 
 async def _link(redis_client: Any, hold_s: float) -> tuple[PubSubLink, list[list[bytes]], bytes]:
