@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint typecheck unit schema helm-template image-check clean
+.PHONY: demo test install lint typecheck schema helm-template image-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'

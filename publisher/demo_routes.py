@@ -35,7 +35,7 @@ from publisher.problems import FieldError, ProblemError
 from publisher.state import SETTINGS
 from publisher.submit import accept_submission
 from publisher.validation import Submission, decode_body
-from schema.job import Provider
+from schema.job import PROVIDERS, Provider
 
 STATIC: Final = Path(__file__).with_name("static")
 DEMO_PAGE: Final = STATIC / "demo.html"
@@ -142,8 +142,13 @@ def _parse_start(raw: bytes) -> DemoStart:
         start = msgspec.convert(body, DemoStart)
     except msgspec.ValidationError as exc:
         found = _FIELD.search(str(exc))
-        error = FieldError(field=(found[1] or found[2]) if found else "body", detail=str(exc))
-        raise ProblemError("invalid-field", f"{exc}; expected {{provider, case, slow}}", errors=[error]) from exc
+        field = (found[1] or found[2]) if found else "body"
+        detail = str(exc)
+        if field == "provider":
+            detail = (f"provider {body.get('provider')!r} must be one of {', '.join(PROVIDERS)} "
+                      "(the provider API; GET /demo/cases names each one's transcript directory)")
+        error = FieldError(field=field, detail=detail)
+        raise ProblemError("invalid-field", f"{detail}; expected {{provider, case, slow}}", errors=[error]) from exc
     cases = next(p.cases for p in catalogue(os.environ) if p.provider == start.provider)
     if start.case not in {c.case for c in cases}:
         detail = f"no recorded case {start.case!r} for {start.provider}; GET /demo/cases lists them"

@@ -137,6 +137,8 @@ def decode_body(raw: bytes) -> Any:
         ProblemError: ``invalid-body`` for bytes that are not JSON or nest too deeply.
     """
     too_deep = ProblemError("invalid-body", f"the body nests objects and arrays deeper than {MAX_JSON_DEPTH} levels")
+    if not raw:
+        raise ProblemError("invalid-body", "the body is empty: send a JSON object (Content-Type: application/json)")
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:

@@ -117,6 +117,14 @@ async def test_demo_start_refuses_anything_but_a_listed_case(ctx: Ctx, demo: str
         assert "GET /demo/cases" in problem["detail"]
 
 
+async def test_demo_start_names_the_providers_for_a_directory_name(ctx: Ctx, demo: str) -> None:
+    payload = {"provider": "gemini_sse", "case": "thought_text_call_blocks"}
+    async with ctx.http.post(f"{demo}/demo/streams", json=payload, headers={"Origin": demo}) as resp:
+        assert resp.status == 400
+        problem = await resp.json()
+    assert "openai_chat, openai_responses, anthropic, gemini" in problem["errors"][0]["detail"]
+
+
 async def test_demo_start_refuses_a_body_that_is_not_an_object(ctx: Ctx, demo: str) -> None:
     async with ctx.http.post(f"{demo}/demo/streams", data=b"[1]", headers={"Origin": demo}) as resp:
         assert resp.status == 400

@@ -150,6 +150,12 @@ async def test_submit_rejects_a_body_that_is_not_a_json_object(server, http, raw
         assert (await resp.json())["type"] == "https://fanout.dev/problems/invalid-body"
 
 
+async def test_submit_with_no_body_says_the_body_is_empty(server, http):
+    async with await http.post(server.url("/v1/streams"), headers=bearer(API_KEY)) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["detail"].startswith("the body is empty")
+
+
 async def test_same_stream_id_same_body_is_idempotent(ctx):
     body = {**BODY, "stream_id": "client-chosen_1"}
     answers = []
