@@ -122,8 +122,13 @@ class Hub:
         self._store = store
         self._reads = LiveReads(store, live_read_s)
         self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged,
-                                hold=self._reads.hold_s)
+                                hold=self._hold_s)
         self._staged: list[Topic] = []
+        self._asked = False
+        """A notification of the current socket read asked for a stored-stream read."""
+        self._carrying: set[Topic] = set()
+        """Topics whose last notification carried its events (or that heard none yet): they need no
+        read, so no hold."""
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
@@ -143,7 +148,7 @@ class Hub:
         self._shards = None if mode == "classic" else ShardLinks(
             cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
             on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged,
-            hold=self._reads.hold_s)
+            hold=self._hold_s)
 
     async def start(self) -> None:
         """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""
@@ -234,6 +239,7 @@ class Hub:
         channel = self._channel_of(stream_id).encode()
         topic = Topic(stream_id, channel, self._reads.want)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
+        self._carrying.add(topic)  # until its first notification shows otherwise (workers send events)
         self._queue("sub", channel, topic)
         return topic
 
@@ -244,6 +250,7 @@ class Hub:
             return
         del self._topics[topic.stream_id]
         del self._by_channel[topic.channel]
+        self._carrying.discard(topic)
         if not self._leaving:
             asyncio.get_running_loop().call_later(UNSUBSCRIBE_DELAY_S, self._unsubscribe_left)
         self._leaving.add(topic.channel)
@@ -400,8 +407,31 @@ class Hub:
     def _notified(self, channel: bytes, payload: bytes) -> None:
         """Apply one live notification (either pub/sub); stage its topic when its events were accepted."""
         topic = self._by_channel.get(channel)
-        if topic is not None and topic.notified(parse_notification(payload)) == "delivered":
+        if topic is None:
+            return
+        note = parse_notification(payload)
+        if note is not None and note.events is not None:
+            self._carrying.add(topic)
+        else:
+            self._carrying.discard(topic)
+        outcome = topic.notified(note)
+        if outcome == "delivered":
             self._staged.append(topic)
+        elif outcome == "read":
+            self._asked = True
+
+    def _hold_s(self) -> float:
+        """After one socket read: how much longer its connection may rest (``PubSubLink`` ``hold``).
+
+        Only a read whose notifications asked for a stored-stream read rests until that
+        read's token (:meth:`LiveReads.hold_s`), and only while no live topic's
+        notifications carry their events (a rest would delay those, which need no read)
+        and no subscription awaits its confirmation (a joining reader would wait).
+        """
+        asked, self._asked = self._asked, False
+        if not asked or self._carrying or self._barriers or (self._shards is not None and self._shards.confirming()):
+            return 0.0
+        return self._reads.hold_s()
 
     def _subscribed(self, channel: bytes) -> None:
         topic = self._by_channel.get(channel)
