@@ -17,9 +17,10 @@ Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICK
 interval), not one per response. Every half heartbeat interval the topics that heard
 nothing for that long are audited (:mod:`publisher.audit`): a lost notification is read,
 lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
-An audit not answered within its interval has failed. When two audits in a row fail
-(Redis frozen or cut off), the live readers of the topics
-that heard nothing meanwhile are closed, so their clients reconnect and resume instead of
+An audit not answered within its interval (or within ``FANOUT_REDIS_TIMEOUT_S``, when
+that is longer: a Redis answering within it is slow, not gone) has failed. When two
+audits in a row fail (Redis frozen or cut off), the live readers of the topics that heard
+nothing meanwhile are closed, so their clients reconnect and resume instead of
 getting only heartbeats.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
@@ -96,6 +97,9 @@ class Hub:
         heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
         live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
         live_read_s: One batched live read per this many seconds on average (``FANOUT_LIVE_READ_MS``).
+        redis_timeout_s: The client's wait for one command (``FANOUT_REDIS_TIMEOUT_S``): an
+            audit fails only past the larger of this and its interval, so a Redis that answers
+            within it (slow, not frozen) never counts as failing.
         reconnect: Returns a client of a node of the current topology
             (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
             the hub reconnects to that node and subscribes every topic again (after a
@@ -114,6 +118,7 @@ class Hub:
         heartbeat_s: float = 15.0,
         live_batch_s: float = 0.0,
         live_read_s: float = 0.0,
+        redis_timeout_s: float = 0.0,
         reconnect: Callable[[], Awaitable[Any]] | None = None,
         mode: LiveMode = "classic",
     ) -> None:
@@ -132,6 +137,7 @@ class Hub:
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
+        self._audit_bound_s = max(self._audit_s, redis_timeout_s)
         self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
@@ -454,11 +460,12 @@ class Hub:
             await asyncio.sleep(self._audit_s)
             began = time.monotonic()
             try:
-                # bounded by its interval: the client's timeout bounds each attempt, not its retries and reconnects
-                async with asyncio.timeout(self._audit_s):
+                # bounded by its interval: the client's timeout bounds each attempt, not its retries and
+                # reconnects; but never below that timeout, within which a slow Redis still answers
+                async with asyncio.timeout(self._audit_bound_s):
                     await audit(self._store, list(self._topics.values()), self._audit_s)
             except (*REDIS_ERRORS, TimeoutError) as exc:  # a cluster client raises RedisClusterException too
-                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_s:g}s")
+                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_bound_s:g}s")
                 if failing_since is None:
                     failing_since = began
                 else:
