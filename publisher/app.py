@@ -114,7 +114,7 @@ def _redis_context(
         live = await node_client(client) if mode == "classic" else None
         app[HUB] = hub = Hub(live or client, store, keys.live, settings.subscribe_timeout_s,
                              heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000,
-                             live_read_s=settings.live_read_ms / 1000,
+                             live_read_s=settings.live_read_ms / 1000, redis_timeout_s=settings.redis_timeout_s,
                              reconnect=lambda: node_client(client), mode=mode)
         await hub.start()
         yield

@@ -17,9 +17,10 @@ Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICK
 interval), not one per response. Every half heartbeat interval the topics that heard
 nothing for that long are audited (:mod:`publisher.audit`): a lost notification is read,
 lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
-An audit not answered within its interval has failed. When two audits in a row fail
-(Redis frozen or cut off), the live readers of the topics
-that heard nothing meanwhile are closed, so their clients reconnect and resume instead of
+An audit not answered within its interval (or within ``FANOUT_REDIS_TIMEOUT_S``, when
+that is longer: a Redis answering within it is slow, not gone) has failed. When two
+audits in a row fail (Redis frozen or cut off), the live readers of the topics that heard
+nothing meanwhile are closed, so their clients reconnect and resume instead of
 getting only heartbeats.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
@@ -96,6 +97,9 @@ class Hub:
         heartbeat_s: The heartbeat interval; topics silent for half of it are audited.
         live_batch_s: Pause after each read of the subscriber connection (``FANOUT_LIVE_BATCH_MS``).
         live_read_s: One batched live read per this many seconds on average (``FANOUT_LIVE_READ_MS``).
+        redis_timeout_s: The client's wait for one command (``FANOUT_REDIS_TIMEOUT_S``): an
+            audit fails only past the larger of this and its interval, so a Redis that answers
+            within it (slow, not frozen) never counts as failing.
         reconnect: Returns a client of a node of the current topology
             (:func:`worker.redis_client.node_client`); after the subscriber connection fails,
             the hub reconnects to that node and subscribes every topic again (after a
@@ -114,6 +118,7 @@ class Hub:
         heartbeat_s: float = 15.0,
         live_batch_s: float = 0.0,
         live_read_s: float = 0.0,
+        redis_timeout_s: float = 0.0,
         reconnect: Callable[[], Awaitable[Any]] | None = None,
         mode: LiveMode = "classic",
     ) -> None:
@@ -124,11 +129,15 @@ class Hub:
         self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged,
                                 hold=self._hold_s)
         self._staged: list[Topic] = []
-        self._carried = False
-        """The last read of the subscriber connection delivered events its notifications carried."""
+        self._asked = False
+        """A notification of the current socket read asked for a stored-stream read."""
+        self._carrying: set[Topic] = set()
+        """Topics whose last notification carried its events (or that heard none yet): they need no
+        read, so no hold."""
         self._channel_of = channel_of
         self._timeout_s = subscribe_timeout_s
         self._audit_s = heartbeat_s / 2
+        self._audit_bound_s = max(self._audit_s, redis_timeout_s)
         self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
@@ -236,6 +245,7 @@ class Hub:
         channel = self._channel_of(stream_id).encode()
         topic = Topic(stream_id, channel, self._reads.want)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
+        self._carrying.add(topic)  # until its first notification shows otherwise (workers send events)
         self._queue("sub", channel, topic)
         return topic
 
@@ -246,6 +256,7 @@ class Hub:
             return
         del self._topics[topic.stream_id]
         del self._by_channel[topic.channel]
+        self._carrying.discard(topic)
         if not self._leaving:
             asyncio.get_running_loop().call_later(UNSUBSCRIBE_DELAY_S, self._unsubscribe_left)
         self._leaving.add(topic.channel)
@@ -340,18 +351,8 @@ class Hub:
     def _flush_staged(self) -> None:
         """After one read of the subscriber connection: fan out what it staged, one write per reader."""
         staged, self._staged = self._staged, []
-        self._carried = bool(staged)
         for topic in staged:
             topic.flush()
-
-    def _hold_s(self) -> float:
-        """Return the subscriber connection's rest after a read beyond ``FANOUT_LIVE_BATCH_MS``, seconds (``hold``).
-
-        After a read whose notifications only asked for reads, until the next read token
-        (:meth:`LiveReads.hold_s`); none after a read that delivered carried events, so
-        such traffic keeps the short rest.
-        """
-        return 0.0 if self._carried else self._reads.hold_s()
 
     def _on_lost(self, exc: Exception | None) -> None:
         self._lost.set()
@@ -412,8 +413,31 @@ class Hub:
     def _notified(self, channel: bytes, payload: bytes) -> None:
         """Apply one live notification (either pub/sub); stage its topic when its events were accepted."""
         topic = self._by_channel.get(channel)
-        if topic is not None and topic.notified(parse_notification(payload)) == "delivered":
+        if topic is None:
+            return
+        note = parse_notification(payload)
+        if note is not None and note.events is not None:
+            self._carrying.add(topic)
+        else:
+            self._carrying.discard(topic)
+        outcome = topic.notified(note)
+        if outcome == "delivered":
             self._staged.append(topic)
+        elif outcome == "read":
+            self._asked = True
+
+    def _hold_s(self) -> float:
+        """After one socket read: how much longer its connection may rest (``PubSubLink`` ``hold``).
+
+        Only a read whose notifications asked for a stored-stream read rests until that
+        read's token (:meth:`LiveReads.hold_s`), and only while no live topic's
+        notifications carry their events (a rest would delay those, which need no read)
+        and no subscription awaits its confirmation (a joining reader would wait).
+        """
+        asked, self._asked = self._asked, False
+        if not asked or self._carrying or self._barriers or (self._shards is not None and self._shards.confirming()):
+            return 0.0
+        return self._reads.hold_s()
 
     def _subscribed(self, channel: bytes) -> None:
         topic = self._by_channel.get(channel)
@@ -436,11 +460,12 @@ class Hub:
             await asyncio.sleep(self._audit_s)
             began = time.monotonic()
             try:
-                # bounded by its interval: the client's timeout bounds each attempt, not its retries and reconnects
-                async with asyncio.timeout(self._audit_s):
+                # bounded by its interval: the client's timeout bounds each attempt, not its retries and
+                # reconnects; but never below that timeout, within which a slow Redis still answers
+                async with asyncio.timeout(self._audit_bound_s):
                     await audit(self._store, list(self._topics.values()), self._audit_s)
             except (*REDIS_ERRORS, TimeoutError) as exc:  # a cluster client raises RedisClusterException too
-                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_s:g}s")
+                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_bound_s:g}s")
                 if failing_since is None:
                     failing_since = began
                 else:

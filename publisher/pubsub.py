@@ -69,6 +69,8 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.batch_s = batch_s
         self.loop = asyncio.get_running_loop()  # looked up once: Python 3.11 asks the kernel its pid each time
+        self.resting: asyncio.TimerHandle | None = None
+        """The timer that resumes reading while the socket rests."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's transports do not subclass asyncio's
@@ -83,9 +85,17 @@ class _Protocol(asyncio.Protocol):
             # at most half the time spent fanning out; no sooner than a read these messages asked for could start
             rest_s = max(self.batch_s, time.monotonic() - started, self.hold())
             self.transport.pause_reading()
-            self.loop.call_later(rest_s, self._resume)
+            self.resting = self.loop.call_later(rest_s, self._resume)
+
+    def hurry(self) -> None:
+        """Cut a rest longer than ``batch_s`` to ``batch_s`` from now: a command's reply is awaited."""
+        resting = self.resting
+        if resting is not None and resting.when() > self.loop.time() + self.batch_s:
+            resting.cancel()
+            self.resting = self.loop.call_later(self.batch_s, self._resume)
 
     def _resume(self) -> None:
+        self.resting = None
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
@@ -110,7 +120,9 @@ class PubSubLink:
         hold: Called after ``on_read`` when ``batch_s`` > 0: the socket rests at least
             this many seconds more (the wait of a stored-stream read the pushed
             messages asked for, :meth:`publisher.live_reads.LiveReads.hold_s`: messages
-            arriving before it could start gather in one read instead of several).
+            arriving before it could start gather in one read instead of several). A
+            command sent meanwhile (:meth:`send`) cuts such a rest back to ``batch_s``:
+            its reply (a subscription's confirmation) is awaited.
     """
 
     def __init__(self, endpoint: Endpoint, on_push: Callable[[Any], None],
@@ -169,11 +181,15 @@ class PubSubLink:
         self._handshake = None
 
     def send(self, *parts: bytes | str) -> bool:
-        """Write one command now; return False when not connected (the caller resends after connecting)."""
+        """Write one command now; return False when not connected (the caller resends after connecting).
+
+        A socket resting for a hold reads again within ``batch_s``, so the reply is not held.
+        """
         protocol = self._protocol
         if protocol is None or protocol.transport is None:
             return False
         protocol.transport.write(pack(*parts))
+        protocol.hurry()
         return True
 
     def close(self) -> None:

@@ -192,6 +192,10 @@ class ShardLinks:
         shard.channels.add(channel)
         shard.pending.append(("sub", channel))
 
+    def confirming(self) -> bool:
+        """Return True while a subscription sent to any primary awaits its confirmation."""
+        return any(shard.barriers for shard in self._shards.values())
+
     def _schedule(self) -> None:
         if not self._flush_due:
             self._flush_due = True

@@ -12,6 +12,8 @@ import asyncio
 import time
 from typing import Any
 
+import aiohttp
+
 from publisher.live_reads import BURST, HOLD_MAX_S, LiveReads
 from publisher.pubsub import PubSubLink, endpoint_of
 from publisher.reader import Reader
@@ -19,13 +21,17 @@ from publisher.store import Store
 from publisher.topic import Topic
 from tests.publisher.helpers import (
     API_KEY,
+    GUARD_S,
     SSEClient,
     StreamWriter,
     bearer,
+    block_start,
     delta,
     eventually,
     make_settings,
+    running_publisher,
     start,
+    token_for,
 )
 
 
@@ -132,3 +138,82 @@ async def test_without_a_hold_each_message_is_read_when_it_comes(redis_client):
         assert reads[:3] == [[b"1"], [b"2"], [b"3"]]
     finally:
         link.close()
+
+
+async def _deplete_read_tokens(writer: StreamWriter, first_seq: int) -> int:
+    """Send seq-only notifications, each asking for its own read, until the saved read tokens are spent."""
+    seq = first_seq
+    for _ in range(int(BURST) + 2):
+        await writer.append(delta(writer.sid, seq, 0, f"s{seq}"))
+        seq += 1
+        await asyncio.sleep(0.02)
+    return seq
+
+
+async def _first_events(http: aiohttp.ClientSession, base: str, sid: str, count: int) -> list[int]:
+    got: list[int] = []
+    async with http.get(f"{base}/v1/streams/{sid}/events", headers=bearer(token_for(sid))) as resp:
+        assert resp.status == 200
+        client = SSEClient(resp)
+        while len(got) < count and (message := await client.next_event()) is not None:
+            got.append(int(message["id"]))
+    return got
+
+
+async def test_notifications_that_carry_events_are_not_held_behind_seq_only_ones(redis_url, redis_client, keys):
+    """A stream whose notifications carry their events needs no read: its deliveries do not
+    wait for the read token that a seq-only stream on the same connection is waiting for
+    (FANOUT_LIVE_READ_MS=1000 would hold them up to a second or two)."""
+    settings = make_settings(live_read_ms=1000.0, live_batch_ms=3.0)
+    seq_only, full = StreamWriter(redis_client, keys, "st_seqonly"), StreamWriter(redis_client, keys, "st_full")
+    for writer in (seq_only, full):
+        await writer.meta()
+        await writer.append(start(writer.sid), block_start(writer.sid, 2, 0), full=writer is full)
+    async with running_publisher(redis_url, keys, settings) as base, aiohttp.ClientSession() as http:
+        received: dict[int, float] = {}
+
+        async def follow() -> None:
+            async with http.get(f"{base}/v1/streams/{full.sid}/events", headers=bearer(token_for(full.sid))) as resp:
+                client = SSEClient(resp)
+                while (message := await client.next_event()) is not None:
+                    received[int(message["id"])] = time.monotonic()
+                    if int(message["id"]) == 7:
+                        return
+
+        follower = asyncio.create_task(follow())
+        async with http.get(f"{base}/v1/streams/{seq_only.sid}/events",
+                            headers=bearer(token_for(seq_only.sid))) as resp:
+            client = SSEClient(resp)
+            assert [int((await client.next_event() or {})["id"]) for _ in range(2)] == [1, 2]
+            await eventually(lambda: 2 in received)
+            seq = 3
+            latencies = []
+            for full_seq in range(3, 8):
+                seq = await _deplete_read_tokens(seq_only, seq)
+                sent = time.monotonic()
+                await full.append(delta(full.sid, full_seq, 0, f"f{full_seq}"), full=True)
+                await eventually(lambda s=full_seq: s in received)
+                latencies.append(received[full_seq] - sent)
+        await asyncio.wait_for(follower, GUARD_S)
+        assert max(latencies) < 0.4, latencies  # a hold would be about the 1 s read interval
+
+
+async def test_a_reader_joining_while_the_connection_rests_is_confirmed_without_waiting_for_the_hold(
+        redis_url, redis_client, keys):
+    """Only seq-only streams are live, so the subscriber connection rests until the next read
+    token (up to two 1 s intervals); a reader that joins meanwhile must not wait that long
+    for its subscription's confirmation (with FANOUT_SUBSCRIBE_TIMEOUT_S below the hold it
+    would be turned away)."""
+    settings = make_settings(live_read_ms=1000.0, live_batch_ms=3.0, subscribe_timeout_s=0.5)
+    busy, joiner = StreamWriter(redis_client, keys, "st_busy"), StreamWriter(redis_client, keys, "st_joiner")
+    for writer in (busy, joiner):
+        await writer.meta()
+        await writer.append(start(writer.sid), block_start(writer.sid, 2, 0))
+    async with running_publisher(redis_url, keys, settings) as base, aiohttp.ClientSession() as http, \
+            http.get(f"{base}/v1/streams/{busy.sid}/events", headers=bearer(token_for(busy.sid))) as resp:
+        client = SSEClient(resp)
+        assert [int((await client.next_event() or {})["id"]) for _ in range(2)] == [1, 2]
+        await _deplete_read_tokens(busy, 3)  # the last of them leaves the connection resting
+        began = time.monotonic()
+        assert await _first_events(http, base, joiner.sid, 2) == [1, 2]
+        assert time.monotonic() - began < 0.4

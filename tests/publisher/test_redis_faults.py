@@ -191,10 +191,10 @@ async def test_a_redis_that_stops_answering_fails_requests_after_the_redis_timeo
 
 
 async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> None:
-    """With a Redis timeout far longer than the audit interval (each attempt of the audit's
-    pipelined read, its retries and reconnects would wait that long), an audit still
-    fails at its interval: two of them close the live reader of a frozen Redis within
-    about a heartbeat interval, not after the client's retries ran out."""
+    """With a Redis timeout longer than the audit interval, an audit fails once that timeout
+    passed (the larger of the two), not after the client's retries and reconnects ran out
+    (about 18 s at a 1 s timeout): two of them close the live reader of a frozen Redis
+    within a few seconds."""
     keys = Keys(prefix="faults-audit-bound")
     headers = {"Authorization": f"Bearer {API_KEY}"}
     sid = "st_auditbound"
@@ -204,7 +204,7 @@ async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> N
         client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
         client.xadd(keys.events(sid), {"e": encode_event(
             StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
-        async with _publisher(server.url, keys, redis_timeout_s=GUARD_S, heartbeat_s=0.4) as base, \
+        async with _publisher(server.url, keys, redis_timeout_s=1.0, heartbeat_s=0.4) as base, \
                 aiohttp.ClientSession(headers=headers) as http:
             async with http.get(f"{base}/v1/streams/{sid}/events") as resp:
                 assert resp.status == 200
@@ -213,11 +213,56 @@ async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> N
                     body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
                 server.proc.send_signal(signal.SIGSTOP)
                 try:
-                    async with asyncio.timeout(GUARD_S):  # one audit attempt alone would take GUARD_S
+                    async with asyncio.timeout(GUARD_S):  # one unbounded audit would take about 18 s
                         body += await resp.content.read()  # a clean end of the response
                 finally:
                     server.proc.send_signal(signal.SIGCONT)
             assert body.count(b"id: ") == 1
+        client.close()
+
+
+BUSY_LUA = """
+local start = redis.call('TIME')
+local began = start[1] * 1000000 + start[2]
+while true do
+  local now = redis.call('TIME')
+  if now[1] * 1000000 + now[2] - began >= tonumber(ARGV[1]) then return 1 end
+end
+"""
+"""Keeps the server busy (answering nothing else) for ARGV[1] microseconds, then returns."""
+
+
+async def test_a_slow_redis_that_answers_within_the_redis_timeout_does_not_close_live_readers() -> None:
+    """Redis stalls (a long script) shorter than FANOUT_REDIS_TIMEOUT_S but longer than the
+    audit interval (half a short heartbeat): every command is still answered in time, so
+    the audits have not failed and the quiet live reader stays open and gets what comes after."""
+    keys = Keys(prefix="faults-audit-slow")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    sid = "st_auditslow"
+    with private_redis() as server:
+        client = server.client()
+        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
+        client.xadd(keys.events(sid), {"e": encode_event(
+            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        busy = server.client()
+        async with _publisher(server.url, keys, redis_timeout_s=3.0, heartbeat_s=0.5) as base, \
+                aiohttp.ClientSession(headers=headers) as http, http.get(f"{base}/v1/streams/{sid}/events") as resp:
+            assert resp.status == 200
+            body = b""
+            while b"id: 1\n" not in body:
+                body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
+            for _ in range(4):  # stalls of 0.9 s: several audit intervals (0.25 s) each
+                await asyncio.to_thread(busy.eval, BUSY_LUA, 0, 900_000)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # a close would have come by now
+            event = BlockStart(stream_id=sid, seq=2, ts=2, block=BlockRef(id="b0", index=0, kind="text"))
+            client.xadd(keys.events(sid), {"e": encode_event(event)}, id="0-2")
+            client.publish(keys.live(sid), b"2")
+            while b"id: 2\n" not in body:
+                chunk = await asyncio.wait_for(resp.content.readany(), GUARD_S)
+                assert chunk, "the live reader was closed though Redis answered within its timeout"
+                body += chunk
+        busy.close()
         client.close()
 
 
