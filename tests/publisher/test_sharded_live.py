@@ -461,6 +461,8 @@ async def test_the_hub_outlives_a_cluster_that_was_unreachable(pubsub: str) -> N
                 await client.xadd(keys.events(after), {"e": encode_event(block_start(after, 2, 0))}, id="0-2")
                 async with asyncio.timeout(GUARD_S):  # no notification: only the audit finds seq 2
                     assert (await second.next_event() or {}).get("id") == "2"
+                for reader in (first, second):  # released here, not by the garbage collector in a later test
+                    reader.response.close()
         finally:
             await client.aclose()
 
