@@ -41,6 +41,7 @@ class _Peek(msgspec.Struct, gc=False):
 
 
 _peek: Final = msgspec.json.Decoder(_Peek)
+_peeks: Final = msgspec.json.Decoder(list[_Peek])
 
 _TYPE_NAMES: Final = {name: name.encode() for name in EVENT_TYPES}
 """Contract type -> its ``event:`` field bytes (no pattern check needed for these)."""
@@ -91,8 +92,12 @@ class Page(list[Entry]):
         except AttributeError:
             pass
         whole = all(entry.frame for entry in self) and not any(entry.terminal for entry in self[:-1])
-        self._frames: bytes | None = b"".join([entry.frame for entry in self]) if whole else None
+        self.seal(b"".join([entry.frame for entry in self]) if whole else None)
         return self._frames
+
+    def seal(self, frames: bytes | None) -> None:
+        """Set what :meth:`frames` returns (a parser that joined the frames on the way)."""
+        self._frames: bytes | None = frames
 
 
 def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | list[bytes]) -> Entry:
@@ -187,26 +192,37 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
 def _fast_page(first: int, datas: list[bytes]) -> Page | None:
     """Entries of seqs ``first ..`` from their event JSONs, or ``None`` when one needs :func:`entry_of`'s care.
 
-    ``None`` when a JSON holds a line break (it must be re-encoded on one line) or does
-    not decode; an unknown type is handed to :func:`entry_of` alone.
+    The JSONs are peeked at in one decode of them all, as one JSON array, and the page's
+    joined frames (:meth:`Page.frames`) are made on the way. ``None`` when a JSON holds
+    a line break (it must be re-encoded on one line), does not decode, or is not exactly
+    one object; an unknown type is handed to :func:`entry_of` alone.
     """
-    joined = b"".join(datas)
+    joined = b",".join(datas)
     if b"\n" in joined or b"\r" in joined:
         return None
     try:
-        peeks = [_peek.decode(data) for data in datas]
+        peeks = _peeks.decode(b"[%s]" % joined)
     except msgspec.DecodeError:
         return None
+    if len(peeks) != len(datas):  # an item held two objects ('{...},{...}'): the careful path says so
+        return None
     entries = Page()
+    frames: list[bytes] = []
+    whole = True
     for seq, peek, data in zip(range(first, first + len(datas)), peeks, datas, strict=True):
         name = _TYPE_NAMES.get(peek.type)
         if name is None:
-            entries.append(entry_of(seq, data))
-            continue
-        block = peek.block
-        entries.append(Entry(seq=seq, type=peek.type, ts_ms=peek.ts, block_index=block.index if block else None,
-                             block_kind=block.kind if block else None, visibility=peek.visibility,
-                             frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data)))
+            entry = entry_of(seq, data)
+            whole = whole and bool(entry.frame)
+        else:
+            block = peek.block
+            entry = Entry(seq=seq, type=peek.type, ts_ms=peek.ts, block_index=block.index if block else None,
+                          block_kind=block.kind if block else None, visibility=peek.visibility,
+                          frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data))
+        entries.append(entry)
+        frames.append(entry.frame)
+    whole = whole and TERMINAL_TYPES.isdisjoint([peek.type for peek in peeks[:-1]])  # a terminal only last
+    entries.seal(b"".join(frames) if whole else None)
     return entries
 
 

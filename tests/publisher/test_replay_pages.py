@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
-from publisher.entries import entries_of, parse_entry
+from publisher.entries import Page, entries_of, parse_entry
 from publisher.state import HUB
 from publisher.store import Store
 from tests.publisher.helpers import (
@@ -75,6 +75,13 @@ PAGES = {
     "a foreign id on top": [(b"0-1", [b"e", _event(1)]), (b"5-1", [b"e", _event(2)])],
     "seqs that skip": [(b"0-1", [b"e", _event(1)]), (b"0-3", [b"e", _event(3)])],
     "a JSON that is not an object": [(b"0-1", [b"e", b"[1,2]"]), (b"0-2", [b"e", _event(2)])],
+    "two objects in one item": [(b"0-1", [b"e", _event(1)]), (b"0-2", [b"e", _event(2) + b"," + _event(3)]),
+                                (b"0-3", [b"e", _event(3)])],
+    "an empty item": [(b"0-1", [b"e", b""]), (b"0-2", [b"e", _event(2)])],
+    "a terminal last": [(b"0-1", [b"e", _event(1)]), (b"0-2", [b"e", _event(2, "stream.done")])],
+    "a terminal inside": [(b"0-1", [b"e", _event(1, "stream.error")]), (b"0-2", [b"e", _event(2)])],
+    "an unknown type inside": [(b"0-1", [b"e", _event(1)]), (b"0-2", [b"e", _event(2, "x.later")]),
+                               (b"0-3", [b"e", _event(3)])],
 }
 
 
@@ -82,7 +89,10 @@ PAGES = {
 def test_the_page_parser_gives_what_parsing_each_entry_gives(name):
     raw = PAGES[name]
     careful = [parse_entry(entry_id, fields) for entry_id, fields in raw if entry_id.startswith(b"0-")]
-    assert entries_of("st_p", raw) == careful
+    page = entries_of("st_p", raw)
+    assert page == careful
+    joined = Page(careful).frames()  # joined afresh from the careful entries
+    assert page.frames() == joined
     for entry in careful:  # id, event, data lines and the blank line: no break inside the data
         assert entry.frame == b"" or (entry.frame.count(b"\n") == 4 and b"\r" not in entry.frame)
 
