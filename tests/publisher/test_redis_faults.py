@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -190,6 +191,35 @@ async def test_a_redis_that_stops_answering_fails_requests_after_the_redis_timeo
                 assert after.status == 404
 
 
+def _one_event_stream(server: RedisProcess, keys: Keys, sid: str) -> Any:
+    """Store a running stream holding its ``stream.start`` (seq 1); return a sync client of ``server``."""
+    client = server.client()
+    client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
+    client.xadd(keys.events(sid), {"e": encode_event(
+        StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+    return client
+
+
+async def _read_through_a_freeze(server: RedisProcess, http: aiohttp.ClientSession, url: str) -> bytes:
+    """Open the SSE response, read up to seq 1, freeze Redis (SIGSTOP) and read until the response ends.
+
+    The response must end within ``GUARD_S`` (the live audits close it); Redis is thawed after.
+    """
+    assert server.proc is not None
+    async with http.get(url) as resp:
+        assert resp.status == 200
+        body = b""
+        while b"id: 1\n" not in body:
+            body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(GUARD_S):
+                body += await resp.content.read()  # a clean end of the response
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+    return body
+
+
 async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> None:
     """With a Redis timeout longer than the audit interval, an audit fails once that timeout
     passed (the larger of the two), not after the client's retries and reconnects ran out
@@ -199,24 +229,10 @@ async def test_a_live_audit_that_hangs_past_its_interval_counts_as_failed() -> N
     headers = {"Authorization": f"Bearer {API_KEY}"}
     sid = "st_auditbound"
     with private_redis() as server:
-        assert server.proc is not None
-        client = server.client()
-        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
-        client.xadd(keys.events(sid), {"e": encode_event(
-            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        client = _one_event_stream(server, keys, sid)
         async with _publisher(server.url, keys, redis_timeout_s=1.0, heartbeat_s=0.4) as base, \
                 aiohttp.ClientSession(headers=headers) as http:
-            async with http.get(f"{base}/v1/streams/{sid}/events") as resp:
-                assert resp.status == 200
-                body = b""
-                while b"id: 1\n" not in body:
-                    body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
-                server.proc.send_signal(signal.SIGSTOP)
-                try:
-                    async with asyncio.timeout(GUARD_S):  # one unbounded audit would take about 18 s
-                        body += await resp.content.read()  # a clean end of the response
-                finally:
-                    server.proc.send_signal(signal.SIGCONT)
+            body = await _read_through_a_freeze(server, http, f"{base}/v1/streams/{sid}/events")  # unbounded: ~18 s
             assert body.count(b"id: ") == 1
         client.close()
 
@@ -240,10 +256,7 @@ async def test_a_slow_redis_that_answers_within_the_redis_timeout_does_not_close
     headers = {"Authorization": f"Bearer {API_KEY}"}
     sid = "st_auditslow"
     with private_redis() as server:
-        client = server.client()
-        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
-        client.xadd(keys.events(sid), {"e": encode_event(
-            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        client = _one_event_stream(server, keys, sid)
         busy = server.client()
         async with _publisher(server.url, keys, redis_timeout_s=3.0, heartbeat_s=0.5) as base, \
                 aiohttp.ClientSession(headers=headers) as http, http.get(f"{base}/v1/streams/{sid}/events") as resp:
@@ -275,24 +288,10 @@ async def test_live_readers_of_a_redis_that_stopped_answering_are_closed_not_lef
     headers = {"Authorization": f"Bearer {API_KEY}"}
     sid = "st_frozenlive"
     with private_redis() as server:
-        assert server.proc is not None
-        client = server.client()
-        client.hset(keys.meta(sid), mapping={"state": "running", "last_seq": 1})
-        client.xadd(keys.events(sid), {"e": encode_event(
-            StreamStart(stream_id=sid, seq=1, ts=1, provider="anthropic", model="m", metadata={}))}, id="0-1")
+        client = _one_event_stream(server, keys, sid)
         async with _publisher(server.url, keys, redis_timeout_s=0.3, heartbeat_s=0.4) as base, \
                 aiohttp.ClientSession(headers=headers) as http:
-            async with http.get(f"{base}/v1/streams/{sid}/events") as resp:
-                assert resp.status == 200
-                body = b""
-                while b"id: 1\n" not in body:
-                    body += await asyncio.wait_for(resp.content.readany(), GUARD_S)
-                server.proc.send_signal(signal.SIGSTOP)
-                try:
-                    async with asyncio.timeout(GUARD_S):
-                        body += await resp.content.read()  # a clean end of the response
-                finally:
-                    server.proc.send_signal(signal.SIGCONT)
+            body = await _read_through_a_freeze(server, http, f"{base}/v1/streams/{sid}/events")
             assert body.count(b"id: ") == 1
             client.xadd(keys.events(sid), {"e": encode_event(
                 BlockStart(stream_id=sid, seq=2, ts=2, block=BlockRef(id="b0", index=0, kind="text")))}, id="0-2")
