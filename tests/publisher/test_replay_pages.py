@@ -6,6 +6,8 @@ import asyncio
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from publisher.entries import Page, entries_of, parse_entry
 from publisher.state import HUB
@@ -173,3 +175,29 @@ def test_a_page_joins_its_frames_once_and_only_when_whole():
     done_then_more = entries_of("st_p", [(b"0-1", [b"e", b'{"type":"stream.done","seq":1}']),
                                          (b"0-2", [b"e", _event(2)])])
     assert done_then_more.frames() is None
+
+
+# --- the page parser against the careful one, on generated pages ----------------------------------
+
+_ITEM = st.one_of(
+    st.builds(lambda kind, extra: _event(0, kind, **extra),
+              st.sampled_from(["block.delta", "block.start", "block.stop", "stream.start", "stream.done",
+                               "stream.error", "x.later", "<bad>"]),
+              st.dictionaries(st.sampled_from(["visibility", "note"]), st.sampled_from(["internal", "a\nb", 3]),
+                              max_size=2)),
+    st.sampled_from([b"", b"{not json", b"[1,2]", b"null", b'{"type":"block.delta"},{"type":"block.delta"}',
+                     b'{"type":\r"stream.done"}', b'{"type":"block.delta",\n"seq":2}', b'"text"', b"{}"]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items=st.lists(_ITEM, min_size=1, max_size=12), first=st.integers(1, 10_000))
+def test_generated_pages_parse_as_their_entries_one_by_one(items, first):
+    """Whatever a page holds (events of any type, broken JSON, two objects in one item, an
+    empty item, line breaks), the page parser's entries and joined frames are the careful
+    parser's: the fast path may only be faster."""
+    raw = [(b"0-%d" % (first + index), [b"e", item]) for index, item in enumerate(items)]
+    careful = Page(parse_entry(entry_id, fields) for entry_id, fields in raw)
+    page = entries_of("st_p", raw)
+    assert page == careful
+    assert page.frames() == careful.frames()
