@@ -41,7 +41,6 @@ class _Peek(msgspec.Struct, gc=False):
 
 
 _peek: Final = msgspec.json.Decoder(_Peek)
-_peeks: Final = msgspec.json.Decoder(list[_Peek])
 
 _TYPE_NAMES: Final = {name: name.encode() for name in EVENT_TYPES}
 """Contract type -> its ``event:`` field bytes (no pattern check needed for these)."""
@@ -131,8 +130,8 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
     try:
         data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
         peek = _peek.decode(data)
-    except msgspec.DecodeError:  # not JSON (one_line re-encodes only JSON), or not an event object
-        return _invalid(seq)
+    except (msgspec.DecodeError, RecursionError):  # not JSON (one_line re-encodes only JSON), not an
+        return _invalid(seq)  # event object, or nested past the decoder's recursion limit
     kind = peek.type
     name = _TYPE_NAMES.get(kind)
     if name is None:
@@ -192,19 +191,19 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
 def _fast_page(first: int, datas: list[bytes]) -> Page | None:
     """Entries of seqs ``first ..`` from their event JSONs, or ``None`` when one needs :func:`entry_of`'s care.
 
-    The JSONs are peeked at in one decode of them all, as one JSON array, and the page's
-    joined frames (:meth:`Page.frames`) are made on the way. ``None`` when a JSON holds
-    a line break (it must be re-encoded on one line), does not decode, or is not exactly
-    one object; an unknown type is handed to :func:`entry_of` alone.
+    The page's joined frames (:meth:`Page.frames`) are made on the way. ``None`` when a
+    JSON holds a line break (it must be re-encoded on one line) or does not decode (or
+    nests past the decoder's recursion limit); an unknown type is handed to
+    :func:`entry_of` alone. Each JSON is decoded by itself: one decode of the page
+    joined as a JSON array would let items that are not JSON alone ('{"x":"' then
+    '"}') join into as many values with their boundaries shifted.
     """
-    joined = b",".join(datas)
+    joined = b"".join(datas)
     if b"\n" in joined or b"\r" in joined:
         return None
     try:
-        peeks = _peeks.decode(b"[%s]" % joined)
-    except msgspec.DecodeError:
-        return None
-    if len(peeks) != len(datas):  # an item held two objects ('{...},{...}'): the careful path says so
+        peeks = [_peek.decode(data) for data in datas]
+    except (msgspec.DecodeError, RecursionError):  # not JSON or too deep: the careful path, per item
         return None
     entries = Page()
     frames: list[bytes] = []

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from publisher.entries import Page, entries_of, parse_entry
 from publisher.state import HUB
 from publisher.store import Store
+from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,
     HookedRedis,
@@ -84,6 +85,16 @@ PAGES = {
     "a terminal inside": [(b"0-1", [b"e", _event(1, "stream.error")]), (b"0-2", [b"e", _event(2)])],
     "an unknown type inside": [(b"0-1", [b"e", _event(1)]), (b"0-2", [b"e", _event(2, "x.later")]),
                                (b"0-3", [b"e", _event(3)])],
+    # items that are no JSON alone but join into an array of as many objects, boundaries shifted
+    "halves of a string around the comma": [(b"0-1", [b"e", b'{"type":"block.delta","x":"']), (b"0-2", [b"e", b'"}']),
+                                            (b"0-3", [b"e", b'{"type":"block.delta"},{"type":"block.delta"}'])],
+    "halves of an array, a terminal inside": [
+        (b"0-1", [b"e", b'{"type":"block.delta","x":[1']), (b"0-2", [b"e", b'2]}']),
+        (b"0-3", [b"e", b'{"type":"stream.done"},{"type":"block.delta"}']), (b"0-4", [b"e", _event(4)])],
+    "whitespace around an item": [(b"0-1", [b"e", b' ' + _event(1) + b'\t']), (b"0-2", [b"e", _event(2)])],
+    "nested past the recursion limit": [(b"0-1", [b"e", _event(1)]),
+                                        (b"0-2", [b"e", b'{"type":"x","x":' + b"[" * 5000 + b"]" * 5000 + b"}"]),
+                                        (b"0-3", [b"e", _event(3)])],
 }
 
 
@@ -186,7 +197,9 @@ _ITEM = st.one_of(
               st.dictionaries(st.sampled_from(["visibility", "note"]), st.sampled_from(["internal", "a\nb", 3]),
                               max_size=2)),
     st.sampled_from([b"", b"{not json", b"[1,2]", b"null", b'{"type":"block.delta"},{"type":"block.delta"}',
-                     b'{"type":\r"stream.done"}', b'{"type":"block.delta",\n"seq":2}', b'"text"', b"{}"]),
+                     b'{"type":\r"stream.done"}', b'{"type":"block.delta",\n"seq":2}', b'"text"', b"{}",
+                     b'{"type":"block.delta","x":"', b'"}', b'{"type":"stream.done","x":[1', b'2]}', b"1],[2",
+                     b'"},{"type":"stream.done"}', b" {} "]),
 )
 
 
@@ -201,3 +214,29 @@ def test_generated_pages_parse_as_their_entries_one_by_one(items, first):
     page = entries_of("st_p", raw)
     assert page == careful
     assert page.frames() == careful.frames()
+
+
+@pytest.mark.parametrize("last_event_id", [None, 2, 3])
+async def test_a_replay_through_items_that_only_join_into_json_sends_what_each_item_alone_gives(ctx, last_event_id):
+    """Stored items that are no JSON alone ('{..."x":"' then '","y":{"type":"stream.done"}}')
+    join into an array of as many objects; the page parser must not take the shifted
+    objects for theirs (that made seq 5 a ``stream.done`` and ended the replay there), and
+    an item nested past the decoder's limit is an invalid entry, not a failed response."""
+    server = await ctx.start_app(make_settings(read_page=4, read_first_page=2))
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    events = text_stream(ctx.sid, 3)  # seqs 1-3 here, the crafted items at 4-7, the rest after
+    crafted = [b'{"type":"block.delta","x":"', b'","y":{"type":"stream.done"}}',
+               b'{"type":"stream.done"},{"type":"block.delta"}',
+               b'{"type":"block.delta","x":' + b"[" * 5000 + b"]" * 5000 + b"}"]
+    items = [encode_event(event) for event in events[:3]] + crafted + [encode_event(event) for event in events[3:]]
+    for seq, item in enumerate(items, 1):
+        await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": item}, id=f"0-{seq}")
+    await writer.meta(last_seq=len(items), state="done", status="completed")
+    headers = bearer(API_KEY) | ({"Last-Event-ID": str(last_event_id)} if last_event_id else {})
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events"), headers=headers) as resp:
+        assert resp.status == 200
+        got = await SSEClient(resp).events()
+    expected = [seq for seq in [1, 2, 3, 8, 9, 10, 11] if seq > (last_event_id or 0)]
+    assert ids(got) == expected
+    assert [m["event"] for m in got][-1] == "stream.done"
