@@ -52,7 +52,7 @@ async def _assemble(request: web.Request, stream_id: str, scope: Scope) -> tuple
         first_seq = seq if first_seq is None else first_seq
         try:
             event = decode_event(data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # not an event, or nested past the decoder's limit
             continue
         if event is not None and _visible(event, scope, internal):
             assembler.apply(event)

@@ -89,3 +89,22 @@ async def test_a_live_batch_with_entries_after_its_terminal_ends_at_the_terminal
         await writer.notify(6, [encode_event(event) for event in batch])
         # before the fix: 3, 4, 5, 6 and the response stayed open (replay stops at 4)
         assert ids(await client.events()) == [3, 4]
+
+
+DEEP = b'{"type":"block.delta","x":' + b"[" * 5000 + b"]" * 5000 + b"}"
+"""A stored value nested past msgspec's recursion limit (it raises RecursionError, not DecodeError)."""
+
+
+async def test_a_stored_value_nested_too_deeply_is_skipped_by_replay_and_status(ctx):
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0))
+    await ctx.redis.xadd(ctx.keys.events(ctx.sid), {"e": DEEP}, id="0-3")
+    await writer.append(delta(ctx.sid, 4, 0, "kept"), done(ctx.sid, 5))
+    assert entry_of(3, DEEP).type == "invalid"
+    async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}/events"), headers=bearer(API_KEY)) as resp:
+        assert resp.status == 200
+        assert ids(await SSEClient(resp).events()) == [1, 2, 4, 5]
+    async with ctx.http.get(ctx.server.url(f"/v1/streams/{ctx.sid}"), headers=bearer(API_KEY)) as resp:
+        assert resp.status == 200  # before the fix: 500, the status assembly let RecursionError out
+        assert "kept" in await resp.text()
