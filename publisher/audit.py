@@ -1,8 +1,9 @@
 """The live audit: what a topic that heard nothing for a while learns from the stored top.
 
 Every half heartbeat interval the hub audits its live topics that received no
-notification for that long: one pipelined ``XREVRANGE <events> <top of ours> - COUNT 1``
-and ``HGET <meta> state`` each (:meth:`publisher.store.Store.tops`). A top above
+notification for that long: one pipelined ``HGET <meta> state`` and
+``XREVRANGE <events> <top of ours> - COUNT 1`` each, in that order
+(:meth:`publisher.store.Store.tops`). A top above
 ``fetched`` is a lost notification: the topic reads. No events at all, or a top below
 ``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
 within one heartbeat interval. A stream marked ``done`` with no terminal event (storage

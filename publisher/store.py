@@ -254,18 +254,25 @@ class Store:
     async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None] | ResponseError]:
         """Return ``(top seq or None, meta state or None)`` of each stream, in one pipelined round trip.
 
-        Runs ``XREVRANGE <events> <top of ours> - COUNT 1`` and ``HGET <meta> state`` per
-        stream; the top is ``None`` when the stream holds no entry of ours, the state
+        Runs ``HGET <meta> state`` and then ``XREVRANGE <events> <top of ours> - COUNT 1``
+        per stream; the top is ``None`` when the stream holds no entry of ours, the state
         ``None`` when meta is gone. A stream whose key answers a reply error (another
         type, say) gets that error, so it fails only its own entry.
+
+        The state is read first because a pipeline is not atomic: Redis may run another
+        client's commands between two of its commands (at a read boundary of a long
+        pipeline, say). The worker's append script stores a terminal event and sets
+        ``state=done`` in one step, so a ``done`` read first means the top read after it
+        includes that event. In the other order, a stream ending in between would read
+        as ``done`` with the top below its terminal event: ended without one.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream_id in stream_ids:
-                pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
                 pipe.hget(self.keys.meta(stream_id), "state")
+                pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             replies = await pipe.execute(raise_on_error=False)
         results: list[tuple[int | None, str | None] | ResponseError] = []
-        for top, state in zip(replies[::2], replies[1::2], strict=True):
+        for state, top in zip(replies[::2], replies[1::2], strict=True):
             failed = next((reply for reply in (top, state) if isinstance(reply, Exception)), None)
             if failed is not None:
                 if not isinstance(failed, ResponseError):
