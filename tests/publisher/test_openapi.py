@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from publisher.app import create_app
@@ -74,3 +75,35 @@ def test_path_parameters_are_declared():
     for path, item in load_doc()["paths"].items():
         if "{stream_id}" in path:
             assert any(p["name"] == "stream_id" and p["in"] == "path" for p in item["parameters"]), path
+
+
+def test_problem_slugs_named_by_an_error_response_have_its_status():
+    slug_in_ticks = re.compile(r"`([a-z]+(?:-[a-z]+)*)`")
+    checked = 0
+    for path, item in load_doc()["paths"].items():
+        for method, op in item.items():
+            if method not in METHODS:
+                continue
+            for code, response in op["responses"].items():
+                if not code.startswith(("4", "5")) or "description" not in response:
+                    continue
+                for slug in slug_in_ticks.findall(response["description"]):
+                    if slug in PROBLEM_TYPES:
+                        checked += 1
+                        assert PROBLEM_TYPES[slug][0] == int(code), (method, path, code, slug)
+    assert checked
+
+
+def test_sse_route_documents_transient_refusals_as_200_and_the_ui_route_as_503():
+    paths = load_doc()["paths"]
+    events = paths["/v1/streams/{stream_id}/events"]["get"]["responses"]
+    assert "503" not in events  # EventSource gives up on a 503: publisher/events.py answers 200 + retry:
+    assert "retry:" in events["200"]["description"]
+    ui = paths["/v1/streams/{stream_id}/ui"]["get"]["responses"]
+    named = set(re.findall(r"`([a-z-]+)`", ui["503"]["description"]))
+    assert {"too-many-connections", "shutting-down", "redis-unavailable"} <= named
+
+
+def test_demo_streams_403_names_the_slug_the_origin_check_raises():
+    # the answer itself: tests/publisher/test_demo_routes.py (type .../cross-origin)
+    assert "`cross-origin`" in load_doc()["paths"]["/demo/streams"]["post"]["responses"]["403"]["description"]
