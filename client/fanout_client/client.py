@@ -84,6 +84,8 @@ class Submission(msgspec.Struct, frozen=True, kw_only=True):
     """Token expiry, seconds since the epoch."""
     cancel_url: str | None = None
     """URL of the cancel route."""
+    token_scope: str | None = None
+    """Scope of ``token``: ``public`` (a submission's token) or ``internal``."""
 
 
 class FanoutClient:

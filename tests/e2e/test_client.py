@@ -54,6 +54,7 @@ async def test_client_follows_a_stream_to_its_golden_result(stack: LocalStack) -
     async with FanoutClient(stack.base_url, api_key=stack.api_key) as client:
         sub = await client.submit(provider=provider, model=case, request={"messages": []})
         events = [e async for e in client.events(sub.stream_id, token=sub.token)]
+    assert sub.token_scope == "public"
     assert validate(events) == []
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert comparable(events) == golden(directory, case)
@@ -146,6 +147,7 @@ def test_submit_follow_prints_every_event_then_tail_result_assembles(stack: Loca
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     submission = json.loads(lines[0])
+    assert submission["token_scope"] == "public"  # every field of the publisher's answer
     events = [json.loads(line) for line in lines[1:]]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["type"] == "stream.done"
