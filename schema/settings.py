@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Final, TypeVar
 
 import msgspec
@@ -21,6 +21,8 @@ from schema.errors import FanoutError
 T = TypeVar("T", bound=msgspec.Struct)
 
 PREFIX = "FANOUT_"
+FLAGS: Final = {"redis_prefix": "--prefix"}
+"""Command-line flags not named ``--<field with dashes>`` (the others are)."""
 """Prefix of every fanout variable."""
 
 
@@ -79,21 +81,25 @@ def load_settings(cls: type[T], environ: Mapping[str, str], **overrides: object)
     try:
         return msgspec.convert(raw, cls, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"bad configuration: {_name_variable(cls, str(exc), raw, environ)}") from exc
+        given = {k for k, v in overrides.items() if v is not None}
+        raise SettingsError(f"bad configuration: {_name_variable(cls, str(exc), raw, environ, given)}") from exc
 
 
 def _name_variable(cls: type[msgspec.Struct], message: str, raw: Mapping[str, object],
-                   environ: Mapping[str, str]) -> str:
-    """Rewrite msgspec's ``... - at `$.field``` into the variable that set the field, with its value.
+                   environ: Mapping[str, str], flagged: Collection[str] = ()) -> str:
+    """Rewrite msgspec's ``... - at `$.field``` into what set the field, with its value.
 
-    A field set by a CLI flag (not in ``environ``) is named as the field; the reason is
-    worded as what the variable accepts (:func:`_plain`).
+    A field given on the command line (``flagged``: it wins over the environment) is named
+    by its flag (``--concurrency=0``, :data:`FLAGS`), else by the variable that set it;
+    the reason is worded as what the setting accepts (:func:`_plain`).
     """
     detail, sep, path = message.rpartition(" - at `$.")
     if not sep:
         return f"{message} (variables FANOUT_<FIELD>)"
     field = path.rstrip("`").split("[", 1)[0].split(".", 1)[0]
     detail = _plain(detail, _choices(cls, field))
+    if field in flagged:
+        return f"{FLAGS.get(field, '--' + field.replace('_', '-'))}={raw.get(field)!r}: {detail}"
     for name in (PREFIX + field.upper(), field.upper()):
         if name in environ:
             return f"{name}={environ[name]!r}: {detail}"

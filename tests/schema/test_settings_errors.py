@@ -75,9 +75,20 @@ def test_a_finite_number_is_still_taken_where_its_text_looks_like_one():
     assert load_settings(PublisherSettings, {"FANOUT_REDIS_PREFIX": "inf"}).redis_prefix == "inf"  # text, not a number
 
 
-def test_a_bad_override_is_named_as_its_field():
-    with pytest.raises(SettingsError, match=r"read_page=0: expected an integer >= 1"):
+def test_a_bad_override_is_named_as_its_flag():
+    with pytest.raises(SettingsError, match=r"bad configuration: --read-page=0: expected an integer >= 1"):
         load_settings(PublisherSettings, {}, read_page=0)
+
+
+def test_a_flag_that_wins_over_its_variable_is_the_one_named():
+    with pytest.raises(SettingsError) as caught:
+        load_settings(WorkerSettings, {"FANOUT_CONCURRENCY": "4"}, concurrency=0)
+    assert str(caught.value) == "bad configuration: --concurrency=0: expected an integer >= 1"
+
+
+def test_the_prefix_flag_is_named_as_the_command_line_spells_it():
+    with pytest.raises(SettingsError, match=r"bad configuration: --prefix=5: "):
+        load_settings(WorkerSettings, {}, redis_prefix=5)
 
 
 def test_the_edges_of_the_first_page_are_accepted():
