@@ -7,9 +7,9 @@ notification for that long: one pipelined ``HGET <meta> state`` and
 ``fetched`` is a lost notification: the topic reads. No events at all, or a top below
 ``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
 within one heartbeat interval. A stream marked ``done`` with no terminal event (storage
-refused it) ends the readers that hold its top. A topic that received entries while its
-top was being read is left for the next audit, and one stream's failing keys skip only
-that stream. Follows the Redis pages of XREVRANGE and HGET.
+refused it) ends the readers that hold its top and have written everything queued. A
+topic that received entries while its top was being read is left for the next audit,
+and one stream's failing keys skip only that stream. Follows the Redis pages of XREVRANGE and HGET.
 """
 
 from __future__ import annotations
@@ -61,8 +61,13 @@ def _end_unterminated(topic: Topic, top: int) -> None:
     The worker then marks meta ``state=done`` with the status instead
     (``worker.salvage``); a reader holding the top is closed, so its response ends and
     its reconnect gets the 204 while the status route shows the status.
+
+    A reader with entries still queued is left alone: its cursor counts what was queued,
+    not what its client got, and closing it would drop them (the stream's terminal event
+    among them when a slow client holds it queued: that stream did end with one). It
+    ends at its terminal event, or a later audit closes it once its queue is written.
     """
-    done = [reader for reader in topic.live if reader.cursor >= top]
+    done = [reader for reader in topic.live if reader.cursor >= top and not reader.queued()]
     if done:
         log.warning("stream %s ended at seq %s without a terminal event (storage refused it)", topic.stream_id, top)
     for reader in done:

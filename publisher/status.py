@@ -45,18 +45,20 @@ def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
     return True
 
 
-async def _assemble(request: web.Request, stream_id: str, scope: Scope) -> tuple[dict[str, Any], int | None]:
-    """Return the assembled result of the visible stored events and the first stored seq."""
-    assembler, internal, first_seq = Assembler(stream_id), set[int](), None
+async def _assemble(request: web.Request, stream_id: str,
+                    scope: Scope) -> tuple[dict[str, Any], int | None, int]:
+    """Return the assembled result of the visible stored events, the first stored seq and the last (0: none)."""
+    assembler, internal, first_seq, last_seq = Assembler(stream_id), set[int](), None, 0
     async for seq, data in request.app[STORE].read_json(stream_id):
         first_seq = seq if first_seq is None else first_seq
+        last_seq = seq
         try:
             event = decode_event(data)
         except (msgspec.DecodeError, RecursionError):  # not an event, or nested past the decoder's limit
             continue
         if event is not None and _visible(event, scope, internal):
             assembler.apply(event)
-    return result_to_builtins(assembler.result()), first_seq
+    return result_to_builtins(assembler.result()), first_seq, last_seq
 
 
 async def stream_status(request: web.Request) -> web.Response:
@@ -64,7 +66,9 @@ async def stream_status(request: web.Request) -> web.Response:
 
     ``state`` is the meta's (``queued``, ``running``, ``done``) or ``expired`` when only
     the tombstone remains (``result`` is then null). ``history_complete`` is false when
-    the stored events no longer start at seq 1 (the result is then partial).
+    the stored events no longer start at seq 1 (the result is then partial). Meta is read
+    before the events, so a stream whose terminal event was stored between the two reads
+    as ``done`` with the result's status and the last seq read.
 
     Raises:
         ProblemError: 401/403 (credentials), 404 (unknown stream).
@@ -79,14 +83,17 @@ async def stream_status(request: web.Request) -> web.Response:
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
             "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
         })
-    result, first_seq = await _assemble(request, stream_id, scope)
+    result, first_seq, read_seq = await _assemble(request, stream_id, scope)
     meta = info.meta
     created_ms = meta.get("created_ms")
+    # The events are read after meta: a terminal event stored in between is in the result but not in
+    # what meta said, so the stream reads as ended then too (never "running" beside a finished result).
+    ended = info.terminal or result["status"] != "running"
     return web.json_response({
         "stream_id": stream_id,
-        "state": meta.get("state") or ("done" if info.terminal else "running"),
-        "status": meta.get("status") or (result["status"] if info.terminal else None),
-        "last_seq": info.last_seq,
+        "state": "done" if ended else meta.get("state") or "running",
+        "status": meta.get("status") or (result["status"] if ended else None),
+        "last_seq": max(info.last_seq, read_seq),
         "provider": meta.get("provider"),
         "model": meta.get("model"),
         "created_ms": int(created_ms) if created_ms else None,

@@ -1,0 +1,72 @@
+"""The live audit never ends a reader whose queue still holds what it was offered.
+
+A live reader whose client reads slowly has its entries queued (its socket's buffer is
+full), its cursor already at the last one queued. When the stream's terminal event is
+among them and the client takes longer than half a heartbeat to catch up, the audit
+finds the topic quiet, meta ``done`` and the stored top equal to ``fetched``: what a
+stream ended without a terminal event (storage refused it) looks like. It must not close
+that reader: its response would drop the queued entries, the terminal event among them,
+and end without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from publisher.state import HUB
+from tests.publisher.helpers import (
+    API_KEY,
+    GUARD_S,
+    StreamWriter,
+    block_start,
+    delta,
+    done,
+    eventually,
+    make_settings,
+    start,
+    stop,
+)
+
+
+def _drain(sock: socket.socket) -> bytes:
+    """Read a raw socket to its end (EOF or reset)."""
+    sock.settimeout(GUARD_S)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+async def test_a_slow_reader_with_the_terminal_queued_gets_it_after_quiet_audits(ctx):
+    server = await ctx.start_app(make_settings(heartbeat_s=0.4, client_queue=100_000))  # audits every 0.2 s
+    hub = server.app[HUB]
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0), full=True)
+    host, port = server.base_url.removeprefix("http://").split(":")
+    slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect((host, int(port)))
+    request = (f"GET /v1/streams/{ctx.sid}/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               f"Authorization: Bearer {API_KEY}\r\n\r\n")
+    slow.sendall(request.encode())
+    try:
+        await eventually(lambda: any(r.sink is not None for r in hub.readers()))
+        (reader,) = hub.readers()
+        seq, text = 2, "z" * 4000
+        while reader.queued() == 0 and seq < 6000:  # bounded: its socket fills well before
+            seq += 1
+            await writer.append(delta(ctx.sid, seq, 0, text), full=True)
+        assert reader.queued() > 0, "the client's socket never filled"
+        await writer.append(stop(ctx.sid, seq + 1, 0), done(ctx.sid, seq + 2), full=True)
+        await eventually(lambda: reader.cursor == seq + 2)  # the terminal is queued
+        await asyncio.sleep(1.0)  # five audits of a quiet topic, the client still not reading
+        assert reader.closed is None, f"closed ({reader.closed}) with {reader.queued()} entries queued"
+        data = await asyncio.to_thread(_drain, slow)
+        assert b"stream.done" in data
+        assert f"id: {seq + 2}\n".encode() in data
+    finally:
+        slow.close()
