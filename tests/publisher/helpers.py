@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -255,3 +256,15 @@ async def running_publisher(url: str, keys: Keys, settings: PublisherSettings | 
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+def drain_socket(sock: socket.socket) -> bytes:
+    """Read a raw socket to its end (EOF or reset); the server must close it within ``GUARD_S``."""
+    sock.settimeout(GUARD_S)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data

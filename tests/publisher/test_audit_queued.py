@@ -17,28 +17,16 @@ import socket
 from publisher.state import HUB
 from tests.publisher.helpers import (
     API_KEY,
-    GUARD_S,
     StreamWriter,
     block_start,
     delta,
     done,
+    drain_socket,
     eventually,
     make_settings,
     start,
     stop,
 )
-
-
-def _drain(sock: socket.socket) -> bytes:
-    """Read a raw socket to its end (EOF or reset)."""
-    sock.settimeout(GUARD_S)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    return data
 
 
 async def test_a_slow_reader_with_the_terminal_queued_gets_it_after_quiet_audits(ctx):
@@ -65,7 +53,7 @@ async def test_a_slow_reader_with_the_terminal_queued_gets_it_after_quiet_audits
         await eventually(lambda: reader.cursor == seq + 2)  # the terminal is queued
         await asyncio.sleep(1.0)  # five audits of a quiet topic, the client still not reading
         assert reader.closed is None, f"closed ({reader.closed}) with {reader.queued()} entries queued"
-        data = await asyncio.to_thread(_drain, slow)
+        data = await asyncio.to_thread(drain_socket, slow)
         assert b"stream.done" in data
         assert f"id: {seq + 2}\n".encode() in data
     finally:

@@ -25,6 +25,7 @@ from tests.publisher.helpers import (
     block_start,
     delta,
     done,
+    drain_socket,
     eventually,
     ids,
     make_settings,
@@ -199,17 +200,6 @@ async def test_reader_gap_closes_after_delivering_what_came_before():
     assert await reader.next(1.0) is None
 
 
-def _drain(sock: socket.socket) -> bytes:
-    """Read a raw socket to its end (EOF or reset); the server must have closed it."""
-    sock.settimeout(GUARD_S)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    return data
-
 
 async def test_slow_reader_overflow_closes_only_that_reader(ctx):
     server = await ctx.start_app(make_settings(client_queue=32))
@@ -239,7 +229,7 @@ async def test_slow_reader_overflow_closes_only_that_reader(ctx):
         fast_ids += ids(await fast.events())
         assert fast_ids == list(range(1, seq + 2))
         print(f"slow reader overflowed after {seq} events")
-        assert b"stream.done" not in await asyncio.to_thread(_drain, slow)
+        assert b"stream.done" not in await asyncio.to_thread(drain_socket, slow)
     finally:
         fast_resp.close()
         slow.close()
