@@ -7,7 +7,9 @@ notification for that long: one pipelined ``HGET <meta> state`` and
 ``fetched`` is a lost notification: the topic reads. No events at all, or a top below
 ``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
 within one heartbeat interval. A stream marked ``done`` with no terminal event (storage
-refused it) ends the readers that hold its top and have written everything queued. A
+refused it) ends the readers that hold its top and have written everything queued; so does
+one marked ``done`` with no event of ours at all while nothing was sent (refused at its
+first append), whose readers wait at position 0. A
 topic that received entries while its top was being read is left for the next audit,
 and one stream's failing keys skip only that stream. Follows the Redis pages of XREVRANGE and HGET.
 """
@@ -51,8 +53,8 @@ async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:
             topic.end_live("gap")
         elif top is not None and top > topic.fetched:
             topic.kick()
-        elif state == "done" and top is not None:
-            _end_unterminated(topic, top)
+        elif state == "done":  # top == fetched, or no event of ours at all and none sent (marked at the first append)
+            _end_unterminated(topic, top or 0)
 
 
 def _end_unterminated(topic: Topic, top: int) -> None:
