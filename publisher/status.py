@@ -46,11 +46,12 @@ def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
 
 
 async def _assemble(request: web.Request, stream_id: str,
-                    scope: Scope) -> tuple[dict[str, Any], int | None, int]:
-    """Return the assembled result of the visible stored events, the first stored seq and the last (0: none)."""
-    assembler, internal, first_seq, last_seq = Assembler(stream_id), set[int](), None, 0
+                    scope: Scope) -> tuple[dict[str, Any], bool, int]:
+    """Return the result of the visible stored events, whether they ran 1, 2, ... unbroken, the last seq (0: none)."""
+    assembler, internal, last_seq = Assembler(stream_id), set[int](), 0
+    whole = True
     async for seq, data in request.app[STORE].read_json(stream_id):
-        first_seq = seq if first_seq is None else first_seq
+        whole = whole and seq == last_seq + 1
         last_seq = seq
         try:
             event = decode_event(data)
@@ -58,7 +59,7 @@ async def _assemble(request: web.Request, stream_id: str,
             continue
         if event is not None and _visible(event, scope, internal):
             assembler.apply(event)
-    return result_to_builtins(assembler.result()), first_seq, last_seq
+    return result_to_builtins(assembler.result()), whole, last_seq
 
 
 async def stream_status(request: web.Request) -> web.Response:
@@ -66,7 +67,9 @@ async def stream_status(request: web.Request) -> web.Response:
 
     ``state`` is the meta's (``queued``, ``running``, ``done``) or ``expired`` when only
     the tombstone remains (``result`` is then null). ``history_complete`` is false when
-    the stored events no longer start at seq 1 (the result is then partial). Meta is read
+    the stored events do not run from seq 1 to the stored top without a hole (they no
+    longer start at seq 1, a failover lost some, the events key is gone under its meta):
+    the result is then partial. Meta is read
     before the events, so a stream whose terminal event was stored between the two reads
     as ``done`` with the result's status and the last seq read.
 
@@ -83,7 +86,7 @@ async def stream_status(request: web.Request) -> web.Response:
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
             "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
         })
-    result, first_seq, read_seq = await _assemble(request, stream_id, scope)
+    result, whole, read_seq = await _assemble(request, stream_id, scope)
     meta = info.meta
     created_ms = meta.get("created_ms")
     # The events are read after meta: a terminal event stored in between is in the result but not in
@@ -97,7 +100,8 @@ async def stream_status(request: web.Request) -> web.Response:
         "provider": meta.get("provider"),
         "model": meta.get("model"),
         "created_ms": int(created_ms) if created_ms else None,
-        "history_complete": first_seq in (None, 1),
+        # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all)
+        "history_complete": whole and read_seq >= info.last_seq,
         "result": result,
     })
 

@@ -214,8 +214,8 @@ async def _whole_result(client: FanoutClient, command: str, stream_id: str, toke
         raise CommandError(f"stream {stream_id} has expired: its events are gone, so there is no result "
                            f"(it ended {status.get('status')})", exit_status=EXIT_REFUSED)
     if not status.get("history_complete", True):
-        sys.stderr.write(f"fanout {command}: stream {stream_id}'s stored history no longer starts at seq 1: "
-                         "the result lacks its first blocks\n")
+        sys.stderr.write(f"fanout {command}: stream {stream_id}'s stored history is not whole (trimmed, "
+                         "lost or expired events): the result lacks some of its blocks\n")
     return result
 
 
