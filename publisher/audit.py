@@ -7,7 +7,9 @@ notification for that long: one pipelined ``HGET <meta> state`` and
 ``fetched`` is a lost notification: the topic reads. No events at all, or a top below
 ``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
 within one heartbeat interval. A stream marked ``done`` with no terminal event (storage
-refused it) ends the readers that hold its top and have written everything queued; so does
+refused it: its top is not one) ends the readers that hold its top and have written
+everything queued (a reader of a stream whose top is its terminal event ends by writing
+it, also while that write waits for a slow client); so does
 one marked ``done`` with no event of ours at all while nothing was sent (refused at its
 first append), whose readers wait at position 0. A
 topic that received entries while its top was being read is left for the next audit,
@@ -46,14 +48,14 @@ async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:
         if isinstance(found, RedisError):  # this stream's keys only (another type, say)
             log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
             continue
-        top, state = found
+        top, state, terminal = found
         if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
             log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                         topic.stream_id, top, topic.fetched)
             topic.end_live("gap")
         elif top is not None and top > topic.fetched:
             topic.kick()
-        elif state == "done":  # top == fetched, or no event of ours at all and none sent (marked at the first append)
+        elif state == "done" and not terminal:  # top == fetched, or no event of ours and none sent (marked at once)
             _end_unterminated(topic, top or 0)
 
 

@@ -251,8 +251,8 @@ class Store:
             count = min(self.page, count * 4)
         return None
 
-    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None] | ResponseError]:
-        """Return ``(top seq or None, meta state or None)`` of each stream, in one pipelined round trip.
+    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None, bool] | ResponseError]:
+        """Return ``(top seq or None, meta state or None, top is a terminal event)`` of each stream, in one round trip.
 
         Runs ``HGET <meta> state`` and then ``XREVRANGE <events> <top of ours> - COUNT 1``
         per stream; the top is ``None`` when the stream holds no entry of ours, the state
@@ -271,7 +271,7 @@ class Store:
                 pipe.hget(self.keys.meta(stream_id), "state")
                 pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             replies = await pipe.execute(raise_on_error=False)
-        results: list[tuple[int | None, str | None] | ResponseError] = []
+        results: list[tuple[int | None, str | None, bool] | ResponseError] = []
         for state, top in zip(replies[::2], replies[1::2], strict=True):
             failed = next((reply for reply in (top, state) if isinstance(reply, Exception)), None)
             if failed is not None:
@@ -279,7 +279,8 @@ class Store:
                     raise failed
                 results.append(failed)
             else:
-                results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None))
+                results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None,
+                                bool(top) and parse_entry(*top[0]).terminal))
         return results
 
     async def events_exist(self, stream_id: str) -> bool:

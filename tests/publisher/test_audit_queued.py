@@ -58,3 +58,49 @@ async def test_a_slow_reader_with_the_terminal_queued_gets_it_after_quiet_audits
         assert f"id: {seq + 2}\n".encode() in data
     finally:
         slow.close()
+
+
+async def test_a_reader_writing_the_terminal_it_took_from_its_queue_is_not_ended_as_unterminated(ctx, caplog):
+    """The response's task takes the whole queue, then blocks writing it to a client that does not read.
+
+    The queue is then empty and the cursor at the terminal event's seq: what the audit took
+    for a reader holding the top of a stream ended without a terminal event. The stored top
+    *is* a terminal event: the reader ends by writing it, and nobody ended the stream
+    without one (no such warning).
+    """
+    server = await ctx.start_app(make_settings(heartbeat_s=0.4, client_queue=100_000))  # audits every 0.2 s
+    hub = server.app[HUB]
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.append(start(ctx.sid), block_start(ctx.sid, 2, 0), full=True)
+    host, port = server.base_url.removeprefix("http://").split(":")
+    slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect((host, int(port)))
+    request = (f"GET /v1/streams/{ctx.sid}/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               f"Authorization: Bearer {API_KEY}\r\n\r\n")
+    slow.sendall(request.encode())
+    try:
+        await eventually(lambda: any(r.sink is not None for r in hub.readers()))
+        (reader,) = hub.readers()
+        seq, text = 2, "z" * 4000
+        while reader.queued() == 0 and seq < 6000:  # bounded: its socket fills well before
+            seq += 1
+            await writer.append(delta(ctx.sid, seq, 0, text), full=True)
+        for _ in range(300):  # about 1.2 MB queued: far more than the socket buffers take
+            seq += 1
+            await writer.append(delta(ctx.sid, seq, 0, text), full=True)
+        await writer.append(stop(ctx.sid, seq + 1, 0), done(ctx.sid, seq + 2), full=True)
+        await eventually(lambda: reader.cursor == seq + 2)  # the terminal is queued
+        slow.settimeout(1.0)
+        while reader.queued() and reader.closed is None:  # read a little, until the task took the queue
+            await asyncio.to_thread(slow.recv, 16384)
+            await asyncio.sleep(0.01)
+        slow.settimeout(None)
+        assert reader.queued() == 0
+        await asyncio.sleep(1.0)  # five audits of a quiet topic, the task still writing what it took
+        assert reader.closed is None, f"closed ({reader.closed}) while writing what it took"
+        assert "without a terminal event" not in caplog.text
+        data = await asyncio.to_thread(drain_socket, slow)
+        assert f"id: {seq + 2}\n".encode() in data
+    finally:
+        slow.close()
