@@ -1,0 +1,287 @@
+"""Fill a private Redis (small maxmemory) while streams run under the real stack. Not run by CI.
+
+Usage: .venv/bin/python -m scripts.breaker6.fill_redis POLICY [streams] [readers] [hold_s]
+POLICY: noeviction | allkeys-lru. The filler writes 256 KB strings under 'fill:' until Redis
+refuses (noeviction) or for a while (allkeys-lru), submits during the fill, holds it hold_s,
+then (noeviction) deletes the filler and submits again. Each reader must end with seq 1..last
+once, in order, with a terminal event, or an explicit stream.gap / 404 / 410. Under noeviction,
+every event stored before the fill must still be stored afterwards.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import aiohttp
+import redis
+
+from publisher.stack import LocalStack
+import json
+import signal
+import socket
+import subprocess
+import tempfile
+
+from scripts.breaker.harness import free_port
+
+CASES = [("anthropic", "thinking_with_signature"), ("openai_chat", "simple_text_greek_usage_chunk"),
+         ("openai_responses", None), ("gemini", None)]
+DIRS = {"gemini": "gemini_sse"}
+
+
+def pick_cases() -> list[tuple[str, str]]:
+    out = []
+    for provider, case in CASES:
+        if case is None:
+            names = sorted(p[:-4] for p in os.listdir(f"transcripts/{DIRS.get(provider, provider)}") if p.endswith(".sse"))
+            case = names[0]
+        out.append((provider, case))
+    return out
+
+
+SERVERS: list[subprocess.Popen[bytes]] = []
+
+
+class Server:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="b5redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, keep: bool) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always"] if keep else ["--appendonly", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        SERVERS.append(self.proc)
+        for _ in range(200):
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), 0.1):
+                    return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis did not start")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True).stdout.decode()
+
+
+async def follow(http, base, sid, tok, result, tag):
+    pos, seqs, notes, terminal = 0, [], [], None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        headers = {"Authorization": f"Bearer {tok}"}
+        if pos:
+            headers["Last-Event-ID"] = str(pos)
+        try:
+            async with http.get(f"{base}/v1/streams/{sid}/events", headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=None, sock_read=20)) as resp:
+                if resp.status != 200:
+                    notes.append(f"{resp.status}:{(await resp.text())[:100]}")
+                    if resp.status == 204:
+                        break
+                    if resp.status in (404, 410):
+                        break
+                    await asyncio.sleep(0.3)
+                    continue
+                event, data, ident = None, [], None
+                async for raw in resp.content:
+                    line = raw.decode().rstrip("\n")
+                    if line == "":
+                        if data:
+                            if event in ("stream.gap",) or (event or "").startswith("error"):
+                                notes.append(f"{event}:{''.join(data)[:80]}")
+                            elif ident is not None:
+                                payload = json.loads("\n".join(data))
+                                seqs.append(int(ident))
+                                pos = int(ident)
+                                if payload.get("type") in ("stream.done", "stream.error"):
+                                    terminal = payload["type"]
+                        event, data, ident = None, [], None
+                        continue
+                    if line.startswith(":"):
+                        continue
+                    name, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    if name == "data":
+                        data.append(value)
+                    elif name == "id":
+                        ident = value
+                    elif name == "event":
+                        event = value
+                    elif name == "busy" or name == "retry":
+                        pass
+                if terminal:
+                    break
+                notes.append(f"ended@{pos}")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            notes.append(type(exc).__name__)
+            await asyncio.sleep(0.3)
+    result[tag] = (seqs, terminal, notes)
+
+
+
+POLICY = sys.argv[1]
+STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+READERS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+HOLD_S = float(sys.argv[4]) if len(sys.argv) > 4 else 8
+
+
+def body_for(provider: str, case: str) -> dict:
+    request: dict = {"max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+    if provider == "gemini":
+        request = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    elif provider == "openai_responses":
+        request = {"input": "hi"}
+    elif provider == "openai_chat":
+        request = {"messages": [{"role": "user", "content": "hi"}]}
+    return {"provider": provider, "model": f"slow-{case}", "request": request}
+
+
+async def submit(http, base, key, body):
+    async with http.post(f"{base}/v1/streams", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        text = await r.text()
+        return r.status, r.headers.get("Content-Type", ""), text
+
+
+def snapshot(r: redis.Redis) -> dict[bytes, list]:
+    out = {}
+    for key in r.scan_iter(match=b"*:events", count=1000):
+        out[key] = r.xrange(key)
+    return out
+
+
+async def main() -> None:
+    server = Server()
+    server.start(keep=False)
+    server.cli("CONFIG", "SET", "maxmemory", os.environ.get("B6_MAXMEM", "20mb"))
+    server.cli("CONFIG", "SET", "maxmemory-policy", POLICY)
+    r = redis.Redis(port=server.port)
+    cases = pick_cases()
+    env = {"FANOUT_HEARTBEAT_S": "2", "FANOUT_REDIS_TIMEOUT_S": "1", "FANOUT_LEASE_S": "6",
+           "FANOUT_APPEND_RETRY_S": os.environ.get("B6_RETRY_S", "4"), "FANOUT_LOG_LEVEL": "INFO"}
+    with LocalStack(server.url, workers=2, slow_delay_ms=int(os.environ.get("B6_DELAY", "500")), env=env) as stack:
+        stack.keep_logs = True
+        base = stack.base_url
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                try:
+                    async with http.get(f"{base}/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+            subs = []
+            for i in range(STREAMS):
+                provider, case = cases[i % len(cases)]
+                status, ctype, text = await submit(http, base, stack.api_key, body_for(provider, case))
+                assert status == 201, text
+                sub = json.loads(text)
+                subs.append((sub["stream_id"], sub["token"], f"{provider}/{case}"))
+            result: dict[str, tuple] = {}
+            tasks = [asyncio.create_task(follow(http, base, sid, tok, result, f"{sid}#{n} {name}"))
+                     for sid, tok, name in subs for n in range(READERS)]
+            await asyncio.sleep(2.0)
+            before = snapshot(r)
+            print("fill:", POLICY, "used", r.info("memory")["used_memory_human"], flush=True)
+            blob = b"x" * (256 * 1024)
+            n = 0
+            refused = None
+            t0 = time.monotonic()
+            for size in (256 * 1024, 16 * 1024, 1024, 64):
+                piece = b"x" * size
+                while time.monotonic() - t0 < 8:
+                    try:
+                        r.set(f"fill:{n}", piece)
+                        n += 1
+                    except redis.ResponseError as exc:
+                        refused = str(exc)
+                        break
+                    if POLICY != "noeviction" and size > 1024:
+                        await asyncio.sleep(0.002)
+            if POLICY == "noeviction" and os.environ.get("B6_PIN", "1") == "1":
+                used = r.info("memory")["used_memory"]
+                server.cli("CONFIG", "SET", "maxmemory", str(used - 2 * 1024 * 1024))  # hard OOM: every write refused
+            print("filled", n, "refused:", refused, "used", r.info("memory")["used_memory_human"], flush=True)
+            submits = []
+            for i in range(3):
+                provider, case = cases[i % len(cases)]
+                submits.append(await submit(http, base, stack.api_key, body_for(provider, case)))
+            for s in submits:
+                print("submit during fill:", s[0], s[1], s[2][:300])
+            async with http.get(f"{base}/readyz") as resp:
+                print("readyz during fill:", resp.status, (await resp.text())[:300])
+            # keep memory pinned (allkeys-lru: keep writing so eviction keeps hitting)
+            t1 = time.monotonic()
+            while time.monotonic() - t1 < HOLD_S:
+                try:
+                    r.set(f"fill:{n}", blob if POLICY != "noeviction" else b"y" * 64)
+                    n += 1
+                except redis.ResponseError as exc:
+                    if POLICY != "noeviction":
+                        print("lru refused", exc)
+                await asyncio.sleep(0.02)
+            print("errorstats during hold:", r.info("errorstats"), flush=True)
+            if POLICY == "noeviction":
+                after = snapshot(r)
+                lost = []
+                for key, entries in before.items():
+                    now = dict(after.get(key, []))
+                    for eid, fields in entries:
+                        if now.get(eid) != fields:
+                            lost.append((key, eid))
+                print("stored-before entries lost:", len(lost), lost[:5])
+                for key in r.scan_iter(match=b"fill:*", count=1000):
+                    r.delete(key)
+                print("freed; used", r.info("memory")["used_memory_human"], flush=True)
+                for i in range(2):
+                    provider, case = cases[i % len(cases)]
+                    st, ct, tx = await submit(http, base, stack.api_key, body_for(provider, case))
+                    print("submit after free:", st, tx[:120])
+                    if st == 201:
+                        sub = json.loads(tx)
+                        tasks.append(asyncio.create_task(
+                            follow(http, base, sub["stream_id"], sub["token"], result, f"{sub['stream_id']}#after")))
+            await asyncio.gather(*tasks)
+            failures = 0
+            for tag, (seqs, terminal, notes) in sorted(result.items()):
+                inorder = seqs == list(range(1, len(seqs) + 1))
+                ok = inorder and terminal is not None
+                explicit = inorder and any(x.startswith(("404", "410", "stream.gap")) for x in notes)
+                if not (ok or explicit):
+                    failures += 1
+                print(("OK  " if ok else "EXPL" if explicit else "BAD ") + tag, len(seqs), terminal, notes[:8])
+            for sid, tok, name in subs:
+                async with http.get(f"{base}/v1/streams/{sid}", headers={"Authorization": f"Bearer {tok}"}) as resp:
+                    js = await resp.json()
+                    print("status", sid, resp.status, js.get("state"), js.get("status"), js.get("last_seq"),
+                          (js.get("result") or {}).get("status"), ((js.get("result") or {}).get("error") or {}).get("message", "")[:80])
+            print("errorstats end:", r.info("errorstats"), "evicted", r.info("stats")["evicted_keys"])
+        problems = stack.stop()
+        for name in ["publisher", "worker-1", "worker-2", "upstream"]:
+            text = stack.logs(name)
+            for line in text.splitlines():
+                if "Traceback" in line or "level=ERROR" in line or " ERROR " in line:
+                    print(f"LOG {name}: {line[:400]}")
+        print("problems:", problems, "logs:", stack.logdir)
+        print("FAILURES", failures)
+    server.kill9()
+
+
+try:
+    asyncio.run(main())
+finally:
+    for proc in SERVERS:
+        if proc.poll() is None:
+            proc.kill()
