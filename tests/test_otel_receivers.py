@@ -295,9 +295,18 @@ async def _prometheus_run(redis_url: str) -> dict[str, str]:
         async def scraped() -> bool:
             for name, port in ports.items():
                 texts[name] = await _scrape(f"http://127.0.0.1:{port}/metrics")
-            worker = _families(texts["worker-1"])  # the gauges are read every 0.2 s: wait for the ack
-            return ("fanout_jobs_pending" in worker and "fanout_stream_duration_seconds" in worker
-                    and _sample(worker, "fanout_jobs_pending", "fanout_jobs_pending", shard="0") == 0)
+            # The reader sees the terminal event before the worker acks the job and counts its end,
+            # and the group gauges are read every 0.2 s: a scrape taken in between shows the second
+            # job unended, or a gauge read before the worker took it (pending 0, lag 1). Wait for
+            # both jobs to have ended and for a group read taken after that.
+            worker = _families(texts["worker-1"])
+            if not {"fanout_jobs_pending", "fanout_jobs_ended", "fanout_stream_duration_seconds"} <= set(worker):
+                return False
+            settled = (_sample(worker, "fanout_jobs_ended", "fanout_jobs_ended_total", outcome="done") >= 2
+                       and _sample(worker, "fanout_jobs_pending", "fanout_jobs_pending", shard="0") == 0)
+            if "fanout_jobs_lag" in worker:
+                settled = settled and _sample(worker, "fanout_jobs_lag", "fanout_jobs_lag", shard="0") == 0
+            return settled
 
         deadline = time.monotonic() + GUARD_S
         while not await scraped():
