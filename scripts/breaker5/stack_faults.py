@@ -9,125 +9,18 @@ the last a terminal event (or, after restart-lose, a 404/410). Tracebacks in any
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 
 import aiohttp
 
 from publisher.stack import LocalStack
-from scripts.breaker.harness import free_port
 
 MODE = sys.argv[1]
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 READERS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-CASES = [("anthropic", "thinking_with_signature"), ("openai_chat", "simple_text_greek_usage_chunk"),
-         ("openai_responses", None), ("gemini", None)]
-DIRS = {"gemini": "gemini_sse"}
-
-
-def pick_cases() -> list[tuple[str, str]]:
-    out = []
-    for provider, case in CASES:
-        if case is None:
-            names = sorted(p[:-4] for p in os.listdir(f"transcripts/{DIRS.get(provider, provider)}") if p.endswith(".sse"))
-            case = names[0]
-        out.append((provider, case))
-    return out
-
-
-SERVERS: list[subprocess.Popen[bytes]] = []
-
-
-class Server:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="b5redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, keep: bool) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
-        args += ["--appendonly", "yes", "--appendfsync", "always"] if keep else ["--appendonly", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        SERVERS.append(self.proc)
-        for _ in range(200):
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.1):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis did not start")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def cli(self, *args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True).stdout.decode()
-
-
-async def follow(http, base, sid, tok, result, tag):
-    pos, seqs, notes, terminal = 0, [], [], None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        headers = {"Authorization": f"Bearer {tok}"}
-        if pos:
-            headers["Last-Event-ID"] = str(pos)
-        try:
-            async with http.get(f"{base}/v1/streams/{sid}/events", headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=None, sock_read=20)) as resp:
-                if resp.status != 200:
-                    notes.append(f"{resp.status}:{(await resp.text())[:100]}")
-                    if resp.status == 204:
-                        break
-                    if resp.status in (404, 410):
-                        break
-                    await asyncio.sleep(0.3)
-                    continue
-                event, data, ident = None, [], None
-                async for raw in resp.content:
-                    line = raw.decode().rstrip("\n")
-                    if line == "":
-                        if data:
-                            if event in ("stream.gap",) or (event or "").startswith("error"):
-                                notes.append(f"{event}:{''.join(data)[:80]}")
-                            elif ident is not None:
-                                payload = json.loads("\n".join(data))
-                                seqs.append(int(ident))
-                                pos = int(ident)
-                                if payload.get("type") in ("stream.done", "stream.error"):
-                                    terminal = payload["type"]
-                        event, data, ident = None, [], None
-                        continue
-                    if line.startswith(":"):
-                        continue
-                    name, _, value = line.partition(":")
-                    value = value[1:] if value.startswith(" ") else value
-                    if name == "data":
-                        data.append(value)
-                    elif name == "id":
-                        ident = value
-                    elif name == "event":
-                        event = value
-                    elif name == "busy" or name == "retry":
-                        pass
-                if terminal:
-                    break
-                notes.append(f"ended@{pos}")
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            notes.append(type(exc).__name__)
-            await asyncio.sleep(0.3)
-    result[tag] = (seqs, terminal, notes)
+from scripts.breaker5.stack_harness import SERVERS, Server, follow, pick_cases
 
 
 async def main() -> None:
