@@ -11,8 +11,9 @@ Per stream, the runner (:mod:`worker.runner`) keeps one reader that asks for no 
 entries than the process has free slots: ``XAUTOCLAIM <stream> workers <me> <lease_ms>
 <cursor> COUNT <free>`` for jobs whose owner stopped renewing its lease, else
 ``XREADGROUP ... COUNT <free> BLOCK <block_ms> STREAMS <stream> >``. A reply naming a
-missing group (``NOGROUP``: Redis lost its data, or someone destroyed it) recreates it
-(``XGROUP CREATE ... 0 MKSTREAM``) and the read goes on.
+missing group (``NOGROUP``: Redis lost its data, or someone destroyed it; ``UNBLOCKED the
+stream key no longer exists``: Redis 7's answer to a read blocked on a stream deleted
+meanwhile) recreates it (``XGROUP CREATE ... 0 MKSTREAM``) and the read goes on.
 
 Redis Cluster: every command here names one jobs stream (one key, one slot): a
 multi-stream ``XREADGROUP`` would be cross-slot, hence one blocking read per stream.
@@ -55,7 +56,13 @@ def _text(value: bytes | str) -> str:
 
 
 def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
-    return str(exc).startswith("NOGROUP")
+    """Whether ``exc`` says the jobs group is gone.
+
+    ``NOGROUP``, or (Redis 7) ``UNBLOCKED the stream key no longer exists``: the answer to a
+    read blocked on a stream deleted meanwhile (evicted, flushed).
+    """
+    message = str(exc)
+    return message.startswith("NOGROUP") or (message.startswith("UNBLOCKED") and "no longer exists" in message)
 
 
 def shard_count(own: int, recorded: Iterable[bytes | str]) -> int:

@@ -24,8 +24,8 @@ from tests.conftest import client_for, is_cluster_url
 from tests.publisher.helpers import make_settings, token_for
 from tests.redis_servers import redis_cluster, redis_node
 from tests.worker.support import GUARD_S, fake_upstream, make_job, running_worker, settings_for, submit, wait_done
-from worker.intake import ensure_group
-from worker.redis_client import RedisOptions, connect
+from worker.intake import Intake, ensure_group
+from worker.redis_client import RedisClient, RedisOptions, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "simple_text_cyrillic_usage_chunk"
@@ -133,3 +133,27 @@ async def test_a_cluster_url_redis_cannot_serve_is_an_error_message_not_a_traceb
     assert process.returncode == 1
     assert "Traceback" not in err.decode()
     assert "check REDIS_URL and FANOUT_REDIS_CLUSTER" in err.decode()
+
+
+@pytest.mark.topologies
+async def test_a_jobs_stream_deleted_under_a_blocked_read_recreates_the_group(
+        redis_url: str, keys: Keys, redis_client: RedisClient) -> None:
+    """Redis 7 answers a read blocked on a stream deleted meanwhile (evicted, flushed) ``UNBLOCKED``.
+
+    Like ``NOGROUP``, that is the group lost: the read returns nothing, the group is back at
+    once, and a job enqueued afterwards is read, with no error raised to the runner.
+    """
+    intake = Intake(redis_client, keys, consumer="c-1", lease_s=30)
+    stream = keys.jobs_shard(0)
+    await ensure_group(redis_client, stream)
+    read = asyncio.create_task(intake.read_new(stream, 1, block_ms=3000))
+    await asyncio.sleep(0.3)  # the read is blocked
+    await redis_client.delete(stream)
+    assert await asyncio.wait_for(read, GUARD_S) == []
+    if not await redis_client.exists(stream):  # Redis 6.2 does not unblock the read: the next one says NOGROUP
+        assert await intake.read_new(stream, 1, block_ms=10) == []
+    groups = await redis_client.xinfo_groups(stream)
+    assert [g["name"].decode() for g in groups] == [JOBS_GROUP]
+    entry_id = await redis_client.xadd(stream, {"j": b"{}"})
+    entries = await intake.read_new(stream, 1, block_ms=1000)
+    assert [ref for ref, _ in entries] == [f"{stream}/{entry_id.decode()}"]
