@@ -86,8 +86,10 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, stop, sig)
     credentials = credentials_from_env(os.environ)
-    log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%r",
-             settings.concurrency, settings.job_shards, settings.redis_cluster, credentials)
+    # quoted: the repr has spaces and '=' in it, which would otherwise read as more pairs
+    # (json lines got fields "anthropic": "unset," and "gemini": "unset)")
+    log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%s",
+             settings.concurrency, settings.job_shards, settings.redis_cluster, logs.quoted(repr(credentials)))
     _warn_without_credentials(credentials)
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster,
                                                       client_name=f"fanout-worker:{settings.redis_prefix}"))

@@ -131,6 +131,10 @@ def test_worker_and_publisher_json_lines_are_json_objects(single_redis_url, pref
     assert config, "the worker's event=worker_config record has no event field"
     assert config[0]["msg"].startswith("event=worker_config concurrency=")
     assert config[0]["concurrency"].isdigit()
+    # one field for the credentials, not one per word of their repr
+    assert re.fullmatch(r"Credentials\(openai=(un)?set, anthropic=(un)?set, gemini=(un)?set\)",
+                        config[0]["credentials"]), config[0]
+    assert not {"anthropic", "gemini"} & set(config[0]), config[0]
 
 
 @pytest.mark.parametrize("command", ["worker", "publisher", "export", "upstream", "demo"])
