@@ -62,13 +62,21 @@ def resolve_kind(kind: str, body: bytes) -> tuple[str, Framing]:
 
 
 def _example_in(directory: Path) -> str:
-    """Return the path of a body file under ``directory`` (the first, sorted), or a pattern when it has none."""
-    try:
-        found = next(iter(sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".sse", ".json"))),
-                     None)
-    except OSError:
-        found = None
-    return str(found) if found is not None else f"{str(directory).rstrip('/')}/<case>.sse"
+    """Return the path of a body file in ``directory`` or one level below, or a pattern when there is none.
+
+    ``.sse`` files come before ``.json`` ones (a ``.json`` beside them is more often a request
+    body than a Gemini array), the first by name of each; hidden entries are skipped. The
+    search goes no deeper: ``fanout replay ~`` must not walk a home directory.
+    """
+    for pattern in ("*.sse", "*/*.sse", "*.json", "*/*.json"):
+        try:
+            found = sorted(p for p in directory.glob(pattern) if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+        except OSError:
+            continue
+        if found:
+            return str(found[0])
+    return f"{str(directory).rstrip('/')}/<case>.sse"
 
 
 def _read_body(path: str) -> bytes:

@@ -235,6 +235,25 @@ def test_replay_of_a_directory_says_to_give_a_file_and_names_one_that_exists(dir
     assert fanout("replay", example.group(1)).returncode in (0, 1)  # a body replay takes (valid or not)
 
 
+def test_replay_of_a_directory_looks_one_level_deep_and_prefers_sse(tmp_path: Path) -> None:
+    """``fanout replay ~`` once walked the whole tree (10 s) and named a zoneinfo .json from a venv."""
+    (tmp_path / "body.json").write_text("{}")  # a request body, beside the recording
+    (tmp_path / "deep" / "er" / "still").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "still" / "a.sse").write_text("")
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "z.sse").write_text("")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "a.sse").write_text("")
+    line = one_line(fanout("replay", "--provider", "anthropic", str(tmp_path)), 2, "is a directory")
+    assert f"(e.g. {tmp_path / 'cases' / 'z.sse'})" in line, line
+    (tmp_path / "cases" / "z.sse").unlink()
+    line = one_line(fanout("replay", "--provider", "anthropic", str(tmp_path)), 2, "is a directory")
+    assert f"(e.g. {tmp_path / 'body.json'})" in line, line
+    (tmp_path / "body.json").unlink()
+    line = one_line(fanout("replay", "--provider", "anthropic", str(tmp_path)), 2, "is a directory")
+    assert f"(e.g. {tmp_path}/<case>.sse)" in line, line
+
+
 def test_output_closed_early_stops_quietly_with_141() -> None:
     """``fanout replay ... | head -1``: the reader left; no traceback, no "Exception ignored", exit 141."""
     read_end, write_end = os.pipe()
