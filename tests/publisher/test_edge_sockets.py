@@ -144,6 +144,26 @@ async def test_repeated_header_is_400(ctx, name):
     assert problem["errors"] == [{"field": name, "detail": "sent more than once"}]
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/streams"), ("GET", "/v1/streams/{sid}"), ("GET", "/v1/streams/{sid}/events"),
+    ("GET", "/v1/streams/{sid}/ui"), ("POST", "/v1/streams/{sid}/cancel"), ("POST", "/v1/streams/{sid}/tokens"),
+])
+async def test_repeated_authorization_is_400_on_every_route(ctx, method, path):
+    """openapi.json lists this 400 on each of these routes (test_openapi checks the document)."""
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    reader, writer = await _connect(ctx.server.base_url)
+    auth = b"Authorization: Bearer %s\r\n" % API_KEY.encode()
+    body = b"{}" if method == "POST" else b""
+    writer.write(b"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n%s%s\r\n%s"
+                 % (method.encode(), path.format(sid=ctx.sid).encode(), len(body), auth, auth, body))
+    await writer.drain()
+    answer = await _read_all(reader)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    problem = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert problem["errors"] == [{"field": "Authorization", "detail": "sent more than once"}]
+
+
 async def test_single_headers_are_accepted(ctx):
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
     headers = {**bearer(API_KEY), "Last-Event-ID": "0"}

@@ -107,3 +107,17 @@ def test_sse_route_documents_transient_refusals_as_200_and_the_ui_route_as_503()
 def test_demo_streams_403_names_the_slug_the_origin_check_raises():
     # the answer itself: tests/publisher/test_demo_routes.py (type .../cross-origin)
     assert "`cross-origin`" in load_doc()["paths"]["/demo/streams"]["post"]["responses"]["403"]["description"]
+
+
+def test_every_route_that_takes_a_credential_documents_the_400_of_a_repeated_authorization():
+    # the answer itself: tests/publisher/test_edge_sockets.py::test_repeated_authorization_is_400_on_every_route
+    checked = 0
+    for path, item in load_doc()["paths"].items():
+        for method, op in item.items():
+            if method in METHODS and "401" in op["responses"]:
+                checked += 1
+                assert "400" in op["responses"], (method, path)
+                description = op["responses"]["400"]["description"]
+                assert "`invalid-field`" in description, (method, path)
+                assert "`Authorization`" in description, (method, path)
+    assert checked >= 6
