@@ -57,11 +57,14 @@ class ProgressView:
         self.out = out
         self.tty = out.isatty()
         self.runs: list[CaseRun] = []
+        self._label_width = 0
         self._last_draw = 0.0
 
     def start(self, runs: list[CaseRun]) -> None:
         """Show the submitted streams."""
         self.runs = runs
+        # the longest provider/case, so every bar starts in one column
+        self._label_width = max((len(_label(run)) for run in runs), default=0)
         self.out.write(f"following {len(runs)} streams over SSE\n")
         if self.tty:
             self.out.write("\n" * len(runs))
@@ -69,7 +72,7 @@ class ProgressView:
 
     def _line(self, run: CaseRun) -> str:
         bar = "#" * min(30, len(run.events))
-        return f"{run.directory + '/' + run.case:<52} {bar:<30} {len(run.events):>4} ev  {run.status}"
+        return f"{_label(run):<{self._label_width}} {bar:<30} {len(run.events):>4} ev  {run.status}"
 
     def _draw(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -100,6 +103,10 @@ class ProgressView:
         """Draw the final state of every stream."""
         self._draw(force=True)
         self.out.flush()
+
+
+def _label(run: CaseRun) -> str:
+    return f"{run.directory}/{run.case}"
 
 
 def summary_table(runs: list[CaseRun]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -14,7 +15,9 @@ import pytest
 import redis
 
 from publisher.demo import announcement, forget_prefix
+from publisher.demo_view import CaseRun, ProgressView
 from publisher.stack import LocalStack
+from schema.contract import StreamDone, StreamStart
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,3 +162,21 @@ def test_a_timed_out_demo_keeps_the_logs_it_points_at(redis_url: str) -> None:
         assert sorted(path.name for path in logdir.iterdir()), "the logs it names are there"
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
+
+
+def test_progress_lines_line_up_whatever_the_case_name_length() -> None:
+    """A case name longer than the old fixed 52 columns pushed its bar out of line."""
+    out = io.StringIO()
+    view = ProgressView(out)
+    runs = [CaseRun(provider="anthropic", directory="anthropic", case="simple_text"),
+            CaseRun(provider="openai_responses", directory="openai_responses",
+                    case="several_blocks_reasoning_text_and_call_and_then_some_more")]
+    view.start(runs)
+    for run in runs:
+        run.events.append(StreamStart(stream_id="st_x", seq=1, ts=0, provider=run.provider, model="m"))
+        run.events.append(StreamDone(stream_id="st_x", seq=2, ts=1, status="completed", finish_reason="stop",
+                                     provider_finish_reason="stop", usage=None, response_id=None, model=None))
+        view.update(run)
+    done = [line for line in out.getvalue().splitlines() if line.startswith("  done  ")]
+    assert len(done) == 2
+    assert len({line.index("##") for line in done}) == 1, done
