@@ -149,8 +149,11 @@ class Worker:
             await asyncio.gather(*readers.values(), return_exceptions=True)
 
     async def _read_stream(self, stream: str, stop: asyncio.Event) -> None:
-        """Reader of one jobs stream: reclaim, else block for new entries; start what fits, release the rest."""
-        while not stop.is_set():
+        """Reader of one jobs stream: reclaim, else block for new entries; start what fits, release the rest.
+
+        Ends with ``stop``, or when the stream is no longer served (the legacy ``P:jobs``, once deleted).
+        """
+        while not stop.is_set() and self.intake.serves(stream):
             if self.free_slots <= 0:
                 await self._wait_for_slot(stop)
                 continue
