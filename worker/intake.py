@@ -68,9 +68,21 @@ def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
     return message.startswith("NOGROUP") or (message.startswith("UNBLOCKED") and "no longer exists" in message)
 
 
+def _count(value: bytes | str) -> int | None:
+    """Return a recorded shard count, or None unless it is ASCII decimal digits.
+
+    ``str.isdigit`` alone also takes ``'²'`` and other Unicode digits, which ``int`` refuses.
+    """
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def shard_count(own: int, recorded: Iterable[bytes | str]) -> int:
-    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped)."""
-    counts = [int(_text(v)) for v in recorded if _text(v).isdigit()]
+    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped).
+
+    A member that is not an ASCII decimal (a stray write, bytes that are not text) is skipped.
+    """
+    counts = [count for count in map(_count, recorded) if count is not None]
     return min(MAX_JOB_SHARDS, max([own, *counts]))
 
 
