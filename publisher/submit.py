@@ -133,8 +133,8 @@ class JobShards:
         self._announced_at = time.monotonic()
         problems = []
         for stream in streams:
-            try:
-                created = await ensure_group(redis, stream)
+            try:  # the legacy P:jobs (never written) is not created: it may have just been retired
+                created = await ensure_group(redis, stream, mkstream=stream != self.keys.jobs)
             except ResponseError as exc:
                 problems.append(f"jobs stream {stream}: cannot create its 'workers' group: {exc}")
                 continue

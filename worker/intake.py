@@ -13,7 +13,10 @@ entries than the process has free slots: ``XAUTOCLAIM <stream> workers <me> <lea
 ``XREADGROUP ... COUNT <free> BLOCK <block_ms> STREAMS <stream> >``. A reply naming a
 missing group (``NOGROUP``: Redis lost its data, or someone destroyed it; ``UNBLOCKED the
 stream key no longer exists``: Redis 7's answer to a read blocked on a stream deleted
-meanwhile) recreates it (``XGROUP CREATE ... 0 MKSTREAM``) and the read goes on.
+meanwhile) recreates it (``XGROUP CREATE ... 0 MKSTREAM``) and the read goes on. The legacy
+``P:jobs`` is the exception: nothing writes it any more, so it is never created here
+(``XGROUP CREATE`` without ``MKSTREAM``); once it is gone (an operator retired it) its
+reader stops (:meth:`Intake.serves`) instead of putting it back for good.
 
 Redis Cluster: every command here names one jobs stream (one key, one slot): a
 multi-stream ``XREADGROUP`` would be cross-slot, hence one blocking read per stream.
@@ -65,9 +68,21 @@ def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
     return message.startswith("NOGROUP") or (message.startswith("UNBLOCKED") and "no longer exists" in message)
 
 
+def _count(value: bytes | str) -> int | None:
+    """Return a recorded shard count, or None unless it is ASCII decimal digits.
+
+    ``str.isdigit`` alone also takes ``'²'`` and other Unicode digits, which ``int`` refuses.
+    """
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def shard_count(own: int, recorded: Iterable[bytes | str]) -> int:
-    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped)."""
-    counts = [int(_text(v)) for v in recorded if _text(v).isdigit()]
+    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped).
+
+    A member that is not an ASCII decimal (a stray write, bytes that are not text) is skipped.
+    """
+    counts = [count for count in map(_count, recorded) if count is not None]
     return min(MAX_JOB_SHARDS, max([own, *counts]))
 
 
@@ -80,17 +95,21 @@ async def streams_in_use(client: RedisClient, keys: Keys, own_shards: int) -> li
     return streams
 
 
-async def ensure_group(client: RedisClient, stream: str) -> bool:
-    """Create ``stream`` and its ``workers`` group if missing (start id 0); True if it was created.
+async def ensure_group(client: RedisClient, stream: str, *, mkstream: bool = True) -> bool:
+    """Create ``stream`` (unless ``mkstream`` is false) and its ``workers`` group if missing (start id 0).
 
     The group starts at id 0, so jobs enqueued before the first worker started are read.
+
+    Returns:
+        True if the group was created; False if it existed, or (``mkstream`` false) the
+        stream does not exist.
     """
     try:
-        await client.xgroup_create(stream, JOBS_GROUP, id="0", mkstream=True)
+        await client.xgroup_create(stream, JOBS_GROUP, id="0", mkstream=mkstream)
     except redis.exceptions.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-        return False
+        if "BUSYGROUP" in str(exc) or (not mkstream and "requires the key to exist" in str(exc)):
+            return False
+        raise
     return True
 
 
@@ -148,9 +167,13 @@ class Intake:
             streams = await streams_in_use(self.redis, self.keys, self.shards)
             for stream in streams:
                 if stream not in self._streams:
-                    await ensure_group(self.redis, stream)
+                    await ensure_group(self.redis, stream, mkstream=stream != self.keys.jobs)
             self._streams, self._refreshed_at = streams, time.monotonic()
         return list(self._streams)
+
+    def serves(self, stream: str) -> bool:
+        """Whether ``stream`` is still to be read: False once the legacy ``P:jobs`` is gone."""
+        return stream != self.keys.jobs or stream in self._streams
 
     async def ensure_groups(self) -> None:
         """Create every stream in use and its group if missing (at start)."""
@@ -158,8 +181,15 @@ class Intake:
         await self.streams()
 
     async def _recreate(self, stream: str, exc: redis.exceptions.ResponseError) -> None:
-        created = await ensure_group(self.redis, stream)
         self._cursors.pop(stream, None)
+        if stream == self.keys.jobs:  # legacy, never written: gone means retired, not lost
+            if not await self.redis.exists(stream):
+                self._streams = [s for s in self._streams if s != stream]
+                log.info("event=legacy_jobs_gone stream=%s action=stop_reading", stream)
+                return
+            created = await ensure_group(self.redis, stream, mkstream=False)
+        else:
+            created = await ensure_group(self.redis, stream)
         log.warning("event=group_recreated stream=%s created=%s error=%r", stream, created, str(exc))
 
     async def read_new(self, stream: str, count: int, *, block_ms: int) -> list[JobEntry]:

@@ -6,7 +6,9 @@ connection while it blocks. While slots are free a reader first takes over jobs 
 workers (``XAUTOCLAIM``, min-idle = the lease), else waits for new ones (``XREADGROUP COUNT
 <free> BLOCK <block_ms>``). Several readers may return at once: entries beyond the free
 slots are released at once (``XCLAIM ... IDLE <lease>``), so the next ``XAUTOCLAIM`` of any
-worker takes them and ``concurrency`` is never exceeded. An idle worker thus sends two
+worker takes them and ``concurrency`` is never exceeded. An entry of a job already running
+here (handed back by ``XAUTOCLAIM``, or delivered again by a group recreated at id 0) is not
+started a second time. An idle worker thus sends two
 commands per stream per ``block_ms`` (README, "Sharded jobs"). Each job runs as its own
 task (:class:`~worker.job_run.JobRun`). One
 Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose job
@@ -149,8 +151,11 @@ class Worker:
             await asyncio.gather(*readers.values(), return_exceptions=True)
 
     async def _read_stream(self, stream: str, stop: asyncio.Event) -> None:
-        """Reader of one jobs stream: reclaim, else block for new entries; start what fits, release the rest."""
-        while not stop.is_set():
+        """Reader of one jobs stream: reclaim, else block for new entries; start what fits, release the rest.
+
+        Ends with ``stop``, or when the stream is no longer served (the legacy ``P:jobs``, once deleted).
+        """
+        while not stop.is_set() and self.intake.serves(stream):
             if self.free_slots <= 0:
                 await self._wait_for_slot(stop)
                 continue
@@ -176,7 +181,10 @@ class Worker:
             return fresh
         if self.free_slots <= 0:  # readers of other shards filled the slots during the reclaim
             return []
-        return await self.intake.read_new(stream, self.free_slots, block_ms=self.settings.block_ms)
+        # "Never delivered" is the group's view: a group recreated at id 0 (NOGROUP) hands out again the
+        # entries of jobs running here, which a second run would claim from the first (fencing it out).
+        return [entry for entry in await self.intake.read_new(stream, self.free_slots, block_ms=self.settings.block_ms)
+                if entry[0] not in self.runs]
 
     async def _wait_for_slot(self, stop: asyncio.Event) -> None:
         self._slot_freed.clear()
