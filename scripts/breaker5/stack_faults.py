@@ -20,7 +20,7 @@ from publisher.stack import LocalStack
 MODE = sys.argv[1]
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 READERS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-from scripts.breaker5.stack_harness import SERVERS, Server, follow, pick_cases
+from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run
 
 
 async def main() -> None:
@@ -89,20 +89,8 @@ async def main() -> None:
                 if not (ok or lost_ok):
                     failures += 1
                 print(("OK  " if ok or lost_ok else "BAD ") + tag, len(seqs), terminal, notes[:8])
-        problems = stack.stop()
-        for name in ["publisher", "worker-1", "worker-2", "upstream"]:
-            text = stack.logs(name)
-            for line in text.splitlines():
-                if "Traceback" in line or "level=error" in line or " ERROR " in line:
-                    print(f"LOG {name}: {line[:400]}")
-        print("problems:", problems, "logs:", stack.logdir)
-        print("FAILURES", failures)
+        report(stack, ["publisher", "worker-1", "worker-2", "upstream"], failures)
     server.kill9()
 
 
-try:
-    asyncio.run(main())
-finally:
-    for proc in SERVERS:
-        if proc.poll() is None:
-            proc.kill()
+run(main)

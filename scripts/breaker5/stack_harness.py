@@ -11,6 +11,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 
@@ -118,3 +120,24 @@ async def follow(http, base, sid, tok, result, tag):
             notes.append(type(exc).__name__)
             await asyncio.sleep(0.3)
     result[tag] = (seqs, terminal, notes)
+
+
+def report(stack: object, names: list[str], failures: int) -> None:
+    """Stop ``stack``; print its problems, every ERROR or traceback line of its processes' logs, and FAILURES."""
+    problems = stack.stop()  # type: ignore[attr-defined]
+    for name in names:
+        for line in stack.logs(name).splitlines():  # type: ignore[attr-defined]
+            if "Traceback" in line or "level=ERROR" in line or " ERROR " in line:
+                print(f"LOG {name}: {line[:400]}")
+    print("problems:", problems, "logs:", stack.logdir)  # type: ignore[attr-defined]
+    print("FAILURES", failures)
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main`` and kill every private Redis server left running."""
+    try:
+        asyncio.run(main())
+    finally:
+        for proc in SERVERS:
+            if proc.poll() is None:
+                proc.kill()

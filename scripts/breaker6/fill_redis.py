@@ -19,7 +19,7 @@ import aiohttp
 import redis
 
 from publisher.stack import LocalStack
-from scripts.breaker5.stack_harness import SERVERS, Server, follow, pick_cases
+from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run
 
 POLICY = sys.argv[1]
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -158,20 +158,8 @@ async def main() -> None:
                     print("status", sid, resp.status, js.get("state"), js.get("status"), js.get("last_seq"),
                           (js.get("result") or {}).get("status"), ((js.get("result") or {}).get("error") or {}).get("message", "")[:80])
             print("errorstats end:", r.info("errorstats"), "evicted", r.info("stats")["evicted_keys"])
-        problems = stack.stop()
-        for name in ["publisher", "worker-1", "worker-2", "upstream"]:
-            text = stack.logs(name)
-            for line in text.splitlines():
-                if "Traceback" in line or "level=ERROR" in line or " ERROR " in line:
-                    print(f"LOG {name}: {line[:400]}")
-        print("problems:", problems, "logs:", stack.logdir)
-        print("FAILURES", failures)
+        report(stack, ["publisher", "worker-1", "worker-2", "upstream"], failures)
     server.kill9()
 
 
-try:
-    asyncio.run(main())
-finally:
-    for proc in SERVERS:
-        if proc.poll() is None:
-            proc.kill()
+run(main)

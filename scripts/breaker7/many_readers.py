@@ -20,7 +20,7 @@ import aiohttp
 import redis
 
 from publisher.stack import LocalStack, free_port, wait_for_port
-from scripts.breaker5.stack_harness import SERVERS, Server, pick_cases
+from scripts.breaker5.stack_harness import Server, pick_cases, report, run
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
@@ -171,19 +171,8 @@ async def main() -> None:
                 failures += 1
                 print("BAD", sid, n, seqs[:40], res["terminal"], res["notes"][:12])
         print(f"{len(results)} readers, explicit-loss {sum(1 for r in results.values() if r['terminal'] is None)}")
-        problems = stack.stop()
-        for name in ["publisher", "publisher-2", "worker-1", "worker-2", "upstream"]:
-            for line in stack.logs(name).splitlines():
-                if "Traceback" in line or "level=error" in line or " ERROR " in line:
-                    print(f"LOG {name}: {line[:300]}")
-        print("problems:", problems, "logs:", stack.logdir)
-        print("FAILURES", failures)
+        report(stack, ["publisher", "publisher-2", "worker-1", "worker-2", "upstream"], failures)
     server.kill9()
 
 
-try:
-    asyncio.run(main())
-finally:
-    for proc in SERVERS:
-        if proc.poll() is None:
-            proc.kill()
+run(main)
