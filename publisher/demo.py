@@ -209,7 +209,7 @@ def _demo_on(args: argparse.Namespace, stack: LocalStack, url: str, source: str)
         sys.stdout.write(announcement(stack, url, source) + "\n")
         sys.stdout.flush()
     try:
-        code = asyncio.run(asyncio.wait_for(_demo(stack), timeout=args.timeout_s))
+        code = _run_streams(stack, args.timeout_s)
     except TimeoutError:
         stack.keep_logs = True
         sys.stdout.write(f"demo timed out after {args.timeout_s} s; process logs in {stack.logdir}\n")
@@ -225,6 +225,46 @@ def _demo_on(args: argparse.Namespace, stack: LocalStack, url: str, source: str)
             sys.stdout.write("stopping every process the demo started ...\n")
             sys.stdout.flush()
     return code
+
+
+def _run_streams(stack: LocalStack, timeout_s: float) -> int:
+    """Run :func:`_demo` in an event loop; SIGTERM cancels it there, then raises ``KeyboardInterrupt`` here.
+
+    The process-wide SIGTERM handler (:func:`_interrupt`) raises ``KeyboardInterrupt`` at
+    whatever bytecode runs, which inside the loop may be a transport callback or a
+    finalizer. While the loop runs, SIGTERM is taken by the loop instead
+    (``loop.add_signal_handler``) and cancels the streams' task, as ``asyncio.run`` does
+    for SIGINT, so the HTTP session closes in order before the stack stops.
+
+    Raises:
+        KeyboardInterrupt: SIGTERM or SIGINT arrived.
+        TimeoutError: the streams took longer than ``timeout_s`` seconds.
+    """
+    terminated = False
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await asyncio.wait_for(_demo(stack), timeout=timeout_s)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _interrupt)  # removing it set the default (exit) again
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def announcement(stack: LocalStack, url: str, source: str) -> str:
