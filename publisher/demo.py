@@ -231,8 +231,11 @@ def _run_streams(stack: LocalStack, timeout_s: float) -> int:
     """Run :func:`_demo` in an event loop; SIGTERM cancels it there, then raises ``KeyboardInterrupt`` here.
 
     The process-wide SIGTERM handler (:func:`_interrupt`) raises ``KeyboardInterrupt`` at
-    whatever bytecode runs, which inside the loop may be a transport callback or a
-    finalizer. While the loop runs, SIGTERM is taken by the loop instead
+    whatever bytecode runs. Inside the loop that may be a callback of aiohttp's C HTTP
+    parser, which catches ``BaseException`` and turns it into a payload error on that one
+    response: the client then resumes with ``Last-Event-ID`` and the demo runs on, SIGTERM
+    lost (seen once in CI, the streams read to their end). While the loop runs, SIGTERM is
+    taken by the loop instead
     (``loop.add_signal_handler``) and cancels the streams' task, as ``asyncio.run`` does
     for SIGINT, so the HTTP session closes in order before the stack stops.
 
