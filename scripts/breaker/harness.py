@@ -68,6 +68,10 @@ class Redis:
     def start(self) -> None:
         self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
                                       "--dir", self.dir, "--bind", "127.0.0.1", "--enable-debug-command", "yes"], stdout=subprocess.DEVNULL)
+        self.wait_listening()
+
+    def wait_listening(self) -> None:
+        """Return once the server accepts a connection (at most about 4 s)."""
         for _ in range(200):
             try:
                 with socket.create_connection(("127.0.0.1", self.port), 0.1):

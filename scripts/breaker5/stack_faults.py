@@ -20,7 +20,7 @@ from publisher.stack import LocalStack
 MODE = sys.argv[1]
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 READERS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run
+from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run, wait_ready
 
 
 async def main() -> None:
@@ -33,14 +33,7 @@ async def main() -> None:
         stack.keep_logs = True
         base = stack.base_url
         async with aiohttp.ClientSession() as http:
-            for _ in range(100):
-                try:
-                    async with http.get(f"{base}/readyz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+            await wait_ready(http, base)
             subs = []
             for i in range(STREAMS):
                 provider, case = cases[i % len(cases)]

@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import aiohttp
 
-from scripts.breaker.harness import free_port
+from scripts.breaker.harness import Redis
 
 CASES = [("anthropic", "thinking_with_signature"), ("openai_chat", "simple_text_greek_usage_chunk"),
          ("openai_responses", None), ("gemini", None)]
@@ -36,28 +34,15 @@ def pick_cases() -> list[tuple[str, str]]:
 SERVERS: list[subprocess.Popen[bytes]] = []
 
 
-class Server:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="b5redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
+class Server(Redis):
+    """A private redis-server; ``start(keep=True)`` persists with AOF (fsync always) across a kill -9."""
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, keep: bool) -> None:
+    def start(self, keep: bool = False) -> None:  # type: ignore[override]
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always"] if keep else ["--appendonly", "no"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
         SERVERS.append(self.proc)
-        for _ in range(200):
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), 0.1):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis did not start")
+        self.wait_listening()
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -66,6 +51,40 @@ class Server:
 
     def cli(self, *args: str) -> str:
         return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True).stdout.decode()
+
+
+async def sse_frames(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str | None, str | None, str]]:
+    """Yield (event, id, data) of each SSE frame with data in ``resp``; comments and other fields skipped."""
+    event, data, ident = None, [], None
+    async for raw in resp.content:
+        line = raw.decode().rstrip("\n")
+        if line == "":
+            if data:
+                yield event, ident, "\n".join(data)
+            event, data, ident = None, [], None
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "id":
+            ident = value
+        elif name == "event":
+            event = value
+
+
+async def wait_ready(http: aiohttp.ClientSession, base: str) -> None:
+    """Poll ``base``/readyz until it answers 200 (at most about 10 s)."""
+    for _ in range(100):
+        try:
+            async with http.get(f"{base}/readyz") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
 
 
 async def follow(http, base, sid, tok, result, tag):
@@ -86,33 +105,14 @@ async def follow(http, base, sid, tok, result, tag):
                         break
                     await asyncio.sleep(0.3)
                     continue
-                event, data, ident = None, [], None
-                async for raw in resp.content:
-                    line = raw.decode().rstrip("\n")
-                    if line == "":
-                        if data:
-                            if event in ("stream.gap",) or (event or "").startswith("error"):
-                                notes.append(f"{event}:{''.join(data)[:80]}")
-                            elif ident is not None:
-                                payload = json.loads("\n".join(data))
-                                seqs.append(int(ident))
-                                pos = int(ident)
-                                if payload.get("type") in ("stream.done", "stream.error"):
-                                    terminal = payload["type"]
-                        event, data, ident = None, [], None
-                        continue
-                    if line.startswith(":"):
-                        continue
-                    name, _, value = line.partition(":")
-                    value = value[1:] if value.startswith(" ") else value
-                    if name == "data":
-                        data.append(value)
-                    elif name == "id":
-                        ident = value
-                    elif name == "event":
-                        event = value
-                    elif name == "busy" or name == "retry":
-                        pass
+                async for event, ident, data in sse_frames(resp):
+                    if event == "stream.gap" or (event or "").startswith("error"):
+                        notes.append(f"{event}:{data[:80]}")
+                    elif ident is not None:
+                        seqs.append(int(ident))
+                        pos = int(ident)
+                        if json.loads(data).get("type") in ("stream.done", "stream.error"):
+                            terminal = json.loads(data)["type"]
                 if terminal:
                     break
                 notes.append(f"ended@{pos}")

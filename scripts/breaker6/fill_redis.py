@@ -19,7 +19,7 @@ import aiohttp
 import redis
 
 from publisher.stack import LocalStack
-from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run
+from scripts.breaker5.stack_harness import Server, follow, pick_cases, report, run, wait_ready
 
 POLICY = sys.argv[1]
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -64,14 +64,7 @@ async def main() -> None:
         stack.keep_logs = True
         base = stack.base_url
         async with aiohttp.ClientSession() as http:
-            for _ in range(100):
-                try:
-                    async with http.get(f"{base}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+            await wait_ready(http, base)
             subs = []
             for i in range(STREAMS):
                 provider, case = cases[i % len(cases)]

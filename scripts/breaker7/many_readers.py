@@ -20,7 +20,7 @@ import aiohttp
 import redis
 
 from publisher.stack import LocalStack, free_port, wait_for_port
-from scripts.breaker5.stack_harness import Server, pick_cases, report, run
+from scripts.breaker5.stack_harness import Server, pick_cases, report, run, sse_frames, wait_ready
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "none"
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
@@ -61,35 +61,20 @@ async def follow(http: aiohttp.ClientSession, bases: list[str], sid: str, tok: s
                         break
                     await asyncio.sleep(0.2)
                     continue
-                event, data, ident = None, [], None
-                async for raw in resp.content:
-                    line = raw.decode().rstrip("\n")
-                    if line == "":
-                        if data and event == "stream.gap":
-                            notes.append("gap:" + "".join(data)[:100])
-                        elif data and ident is not None:
-                            got.append((int(ident), "\n".join(data)))
-                            pos = int(ident)
-                            n += 1
-                            if json.loads(data[0]).get("type") in ("stream.done", "stream.error"):
-                                terminal = json.loads(data[0])["type"]
-                                break
-                            if n >= drop_after:
-                                break  # leaves the block: the connection is closed mid-stream
-                        elif data:
-                            notes.append(f"{event}:{''.join(data)[:80]}")
-                        event, data, ident = None, [], None
-                        continue
-                    if line.startswith(":"):
-                        continue
-                    name, _, value = line.partition(":")
-                    value = value[1:] if value.startswith(" ") else value
-                    if name == "data":
-                        data.append(value)
-                    elif name == "id":
-                        ident = value
-                    elif name == "event":
-                        event = value
+                async for event, ident, data in sse_frames(resp):
+                    if event == "stream.gap":
+                        notes.append("gap:" + data[:100])
+                    elif ident is not None:
+                        got.append((int(ident), data))
+                        pos = int(ident)
+                        n += 1
+                        if json.loads(data).get("type") in ("stream.done", "stream.error"):
+                            terminal = json.loads(data)["type"]
+                            break
+                        if n >= drop_after:
+                            break  # leaves the block: the connection is closed mid-stream
+                    else:
+                        notes.append(f"{event}:{data[:80]}")
                 if terminal is None and n < drop_after:
                     notes.append(f"ended@{pos}")
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -133,14 +118,7 @@ async def main() -> None:
         bases = [stack.base_url, f"http://127.0.0.1:{port2}"]
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for base in bases:
-                for _ in range(100):
-                    try:
-                        async with http.get(f"{base}/readyz") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    await asyncio.sleep(0.1)
+                await wait_ready(http, base)
             subs = []
             for i in range(STREAMS):
                 provider, case = cases[i % len(cases)]
