@@ -34,7 +34,7 @@ from publisher.validation import Submission, decode_body, parse_submission
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD, Keys, shard_of
 from schema.logs import quoted
-from worker.intake import ensure_group
+from worker.intake import ensure_group, ensure_jobs_group
 from worker.redis_client import REDIS_ERRORS, RedisClient
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,8 @@ class JobShards:
         self._announced_at = time.monotonic()
         problems = []
         for stream in streams:
-            try:  # the legacy P:jobs (never written) is not created: it may have just been retired
-                created = await ensure_group(redis, stream, mkstream=stream != self.keys.jobs)
+            try:
+                created = await ensure_jobs_group(redis, self.keys, stream)
             except ResponseError as exc:
                 problems.append(f"jobs stream {stream}: cannot create its 'workers' group: {exc}")
                 continue

@@ -113,6 +113,15 @@ async def ensure_group(client: RedisClient, stream: str, *, mkstream: bool = Tru
     return True
 
 
+async def ensure_jobs_group(client: RedisClient, keys: Keys, stream: str) -> bool:
+    """:func:`ensure_group` for a jobs stream; the legacy ``P:jobs`` is never created, only given its group.
+
+    Nothing writes ``P:jobs`` any more: a missing one was retired, and creating it would keep
+    every worker reading it for good.
+    """
+    return await ensure_group(client, stream, mkstream=stream != keys.jobs)
+
+
 async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
     """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each).
 
@@ -167,7 +176,7 @@ class Intake:
             streams = await streams_in_use(self.redis, self.keys, self.shards)
             for stream in streams:
                 if stream not in self._streams:
-                    await ensure_group(self.redis, stream, mkstream=stream != self.keys.jobs)
+                    await ensure_jobs_group(self.redis, self.keys, stream)
             self._streams, self._refreshed_at = streams, time.monotonic()
         return list(self._streams)
 
@@ -182,14 +191,11 @@ class Intake:
 
     async def _recreate(self, stream: str, exc: redis.exceptions.ResponseError) -> None:
         self._cursors.pop(stream, None)
-        if stream == self.keys.jobs:  # legacy, never written: gone means retired, not lost
-            if not await self.redis.exists(stream):
-                self._streams = [s for s in self._streams if s != stream]
-                log.info("event=legacy_jobs_gone stream=%s action=stop_reading", stream)
-                return
-            created = await ensure_group(self.redis, stream, mkstream=False)
-        else:
-            created = await ensure_group(self.redis, stream)
+        if stream == self.keys.jobs and not await self.redis.exists(stream):  # legacy: gone means retired
+            self._streams = [s for s in self._streams if s != stream]
+            log.info("event=legacy_jobs_gone stream=%s action=stop_reading", stream)
+            return
+        created = await ensure_jobs_group(self.redis, self.keys, stream)
         log.warning("event=group_recreated stream=%s created=%s error=%r", stream, created, str(exc))
 
     async def read_new(self, stream: str, count: int, *, block_ms: int) -> list[JobEntry]:

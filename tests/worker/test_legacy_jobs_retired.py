@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from publisher.submit import JobShards
 from schema.keys import JOBS_GROUP, Keys
 from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, submit, wait_done, wait_for
 from worker.intake import ensure_group
@@ -57,3 +58,13 @@ async def test_a_legacy_jobs_stream_that_lost_its_group_is_still_served(
         assert (await wait_done(redis_client, keys, job.stream_id))["status"] == "completed"
         groups = await redis_client.xinfo_groups(legacy)
         assert [g["name"].decode() for g in groups] == [JOBS_GROUP]
+
+
+@pytest.mark.topologies
+async def test_readiness_restores_groups_without_bringing_back_a_retired_legacy_stream(
+        keys: Keys, redis_client: RedisClient) -> None:
+    """``/readyz``'s group repair (:meth:`JobShards.restore_groups`) creates a missing shard, never ``P:jobs``."""
+    shard = keys.jobs_shard(0)
+    assert await JobShards(keys, 1).restore_groups(redis_client, [shard, keys.jobs]) == []
+    assert [g["name"].decode() for g in await redis_client.xinfo_groups(shard)] == [JOBS_GROUP]
+    assert not await redis_client.exists(keys.jobs)
