@@ -6,7 +6,13 @@ server keeps importing them as ``schema.contract``. Pure.
 """
 
 from fanout_client.contract import (
+    CONTRACT_MINOR as CONTRACT_MINOR,
+)
+from fanout_client.contract import (
     CONTRACT_VERSION as CONTRACT_VERSION,
+)
+from fanout_client.contract import (
+    EPOCH_PATTERN as EPOCH_PATTERN,
 )
 from fanout_client.contract import (
     EVENT_TYPES as EVENT_TYPES,
@@ -90,7 +96,13 @@ from fanout_client.contract import (
     encode_event as encode_event,
 )
 from fanout_client.contract import (
+    event_id as event_id,
+)
+from fanout_client.contract import (
     is_terminal as is_terminal,
+)
+from fanout_client.contract import (
+    parse_event_id as parse_event_id,
 )
 from fanout_client.contract import (
     terminal_status as terminal_status,

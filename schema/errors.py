@@ -20,13 +20,16 @@ the others live next to the only code that raises them and name their module.
     ├── InternalError                 * our bug, or Redis unreachable
     │   ├── AppendRefusedError        * the append script refused a batch; nothing of it was stored (worker)
     │   │   ├── FencedError           * another worker took the stream (meta ``token`` moved on)
+    │   │   │   └── EpochFencedError  * meta holds another generation than the writer's (``epoch``)
     │   │   ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
     │   │   └── StreamClosedError     * the stream already has its terminal event
-    │   └── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
+    │   ├── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
+    │   └── HistoryChangedError       publisher.store: the stream was written again as another generation mid-read
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
     ├── CommandError                  fanout_client.errors: a user mistake, reported as one line and an exit status
     ├── SSEProtocolError              fanout_client.errors: the publisher's SSE body broke its framing or line limit
     └── StreamUnavailableError        fanout_client.errors: the publisher refused a stream (404, 410, 401/403)
+        ├── HistoryResetError         fanout_client.errors: 410 history-reset: the stream is another generation now
         └── PublisherUnreachableError fanout_client.errors: no connection to the publisher could be made or kept
 
 Control signals, not errors: they unwind a job's own call stack and never leave it, so
@@ -134,6 +137,14 @@ class AppendRefusedError(InternalError):
 
 class FencedError(AppendRefusedError):
     """Another worker took the stream (meta ``token`` changed): abort the upstream request, do not ack."""
+
+
+class EpochFencedError(FencedError):
+    """Meta no longer holds this writer's epoch: the generation it extends is gone.
+
+    Redis was restored from an older snapshot, say, and the job will run again as a new
+    generation. Handled as :class:`FencedError`.
+    """
 
 
 class SeqConflictError(AppendRefusedError):

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import msgspec
 
-from schema.contract import CONTRACT_VERSION, Event
+from schema.contract import CONTRACT_MINOR, CONTRACT_VERSION, Event
 from schema.job import Job
 from schema.reducer import AssembledResult
 
@@ -27,7 +27,7 @@ def build_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://fanout.dev/schema/contract.v{CONTRACT_VERSION}.json",
-        "title": f"fanout event contract v{CONTRACT_VERSION}",
+        "title": f"fanout event contract v{CONTRACT_VERSION}.{CONTRACT_MINOR}",
         "description": "One event of a fanout stream; see $defs for the assembled result and job.",
         **event,
         "$defs": {**components, "Event": event, "AssembledResultRoot": result, "JobRoot": job},

@@ -16,7 +16,7 @@ key                            type      content
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
 ``P:{id}:live``                channel   PUBLISH (SPUBLISH on a Redis 7 cluster) after each append
 ``P:{id}:cancel``              string    ``1`` once a client asked to cancel; TTL ``cancel_ttl_s``
-``P:{id}:tomb``                hash      ``last_seq``, ``status`` kept after the events expire
+``P:{id}:tomb``                hash      ``last_seq``, ``status``, ``epoch`` kept after the events expire
 ``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
 ``P:cancels``                  channel   PUBLISH of a stream id whose cancel was requested
 ``P:probe``                    string    readiness write probe (``SET ... PX``), short-lived
@@ -60,7 +60,8 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   outlives its stream: meta, tombstone, events and ``P:done`` hold no request.
 * Appends (worker, :mod:`worker.appender`, one script on the stream's slot, KEYS
   events, meta, tomb, live) must present that token, so an older owner is fenced out;
-  they write ``0-<seq>`` entries, advance ``last_seq`` and ``PUBLISH`` it on ``live``
+  they write ``0-<seq>`` entries, advance ``last_seq`` (with seq 1 they store the writer's
+  ``epoch``; after it they must name meta's) and ``PUBLISH`` it on ``live``
   (``SPUBLISH`` on a Redis 7 cluster: ``worker.redis_client.live_mode``). On a
   terminal event they set ``state=done``, ``status``, ``ended_ms``, ``EXPIRE`` events and
   meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
@@ -111,12 +112,14 @@ META_FIELDS: Final = {
     "owner": "consumer name of the worker that claimed the stream last",
     "provider": "provider API of the job",
     "model": "requested model",
-    "created_ms": "submission time (ms since epoch)",
+    "created_ms": "submission time (ms since the Unix epoch)",
     "started_ms": "first claim time (HSETNX: later claims keep it)",
     "ended_ms": "terminal event time",
     "body_hash": "hash of the submitted body, for idempotent resubmission",
     "job_id": "entry id of the job in the jobs stream (set after the XADD, and again at every claim)",
     "batch": "random id of the last stored batch (an append retried after a lost reply finds it: landed)",
+    "epoch": "the generation stored (contract 1.1): set with seq 1 by the writer of stream.start; later batches must "
+             "name it (a Redis restored from an older snapshot no longer holds it: their writer is fenced out)",
     "error_category": "set only when storage refused the terminal event: the terminal's error category",
     "error_message": "set only when storage refused the terminal event: the terminal's error message",
 }

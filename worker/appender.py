@@ -4,16 +4,22 @@ The script (``EVALSHA`` of a script registered with redis-py's ``register_script
 6.2+, no Functions) runs atomically and, for a batch ``seq = f .. f+n-1``:
 
 1. refuses unless meta ``token`` equals the caller's fencing token (:class:`FencedError`),
-   meta ``state`` is not ``done`` (:class:`StreamClosedError`) and meta ``last_seq + 1 == f``
+   meta ``state`` is not ``done`` (:class:`StreamClosedError`), meta ``epoch`` is the
+   writer's for a batch after seq 1 (:class:`EpochFencedError`) and meta ``last_seq + 1 == f``
    (:class:`SeqConflictError`);
 2. ``XADD <events> 0-<seq> e <json>`` for each event, in order (explicit ids, so a
    duplicate can never be stored);
-3. ``HSET <meta> last_seq`` and, when the batch ends with a terminal event, ``state=done``,
-   ``status``, ``ended_ms``; ``EXPIRE`` events and meta (``stream_ttl_s``); the tombstone
-   hash ``{last_seq, status}`` with ``EXPIRE tombstone_ttl_s``;
+3. ``HSET <meta> last_seq`` (and ``epoch`` when ``f`` is 1) and, when the batch ends with a
+   terminal event, ``state=done``, ``status``, ``ended_ms``; ``EXPIRE`` events and meta
+   (``stream_ttl_s``); the tombstone hash ``{last_seq, status, epoch}`` with ``EXPIRE
+   tombstone_ttl_s``;
 4. ``PUBLISH <live> <payload>``, or ``SPUBLISH`` on a Redis 7 cluster: the batch's events
-   themselves when they fit ``live_max_bytes``, else the seq-only ``<last_seq>`` (format:
+   themselves when they fit ``live_max_bytes``, else the seq-only form (format:
    :mod:`publisher.live`).
+
+The script itself, with its arguments: :mod:`worker.append_script`. The epoch of a stream's
+generation is chosen by the writer of its ``stream.start`` (:func:`new_epoch`) and carried
+on that event; a later owner continues with the epoch its claim read from meta.
 
 Which pub/sub: :func:`worker.redis_client.live_mode`, decided once per process (the
 worker asks at startup, :meth:`Appender.live`) and passed to every call; publishers
@@ -67,6 +73,7 @@ from redis.commands.core import AsyncScript
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
 from schema.errors import (
     AppendRefusedError,
+    EpochFencedError,
     FencedError,
     InternalError,
     SeqConflictError,
@@ -74,6 +81,7 @@ from schema.errors import (
     StreamClosedError,
 )
 from schema.keys import Keys
+from worker.append_script import APPEND_LUA
 from worker.error_policy import redis_error_fields
 from worker.redis_client import LiveMode, LivePubSub, RedisClient, live_mode
 from worker.salvage import Salvage
@@ -84,67 +92,34 @@ __all__ = [
     "APPEND_LUA",
     "AppendRefusedError",
     "Appender",
+    "EpochFencedError",
     "FencedError",
     "SeqConflictError",
     "StorageRefusedError",
     "StreamClosedError",
     "StreamWriter",
+    "new_epoch",
     "summary_fields",
 ]
 
 log = logging.getLogger("fanout.worker.appender")
 
+EPOCH_BYTES: Final = 5
+"""Random bytes of a new epoch (10 lowercase hex digits): two generations of one stream collide
+with odds of 1 in 2**40."""
+
+
+def new_epoch() -> str:
+    """Return a fresh epoch for a generation about to write its ``stream.start`` (contract 1.1).
+
+    Matches :data:`schema.contract.EPOCH_PATTERN` (lowercase hex, so never a ``.``).
+    """
+    return secrets.token_hex(EPOCH_BYTES)
+
+
 LIVE_MAX_BYTES: Final = 64 * 1024
 """Default ``FANOUT_LIVE_MAX_BYTES``: batches up to this size carry their events on the
 live channel, so publishers serve them without a read."""
-
-APPEND_LUA: Final = """
-local n = tonumber(ARGV[8])
-local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch')
-if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
-if meta[4] == ARGV[9 + n] then return {'landed', meta[2] or '0'} end
-if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
-local last = tonumber(meta[2] or '0')
-local first = tonumber(ARGV[2])
-if last + 1 ~= first then return {'seq', tostring(last)} end
-local size = 0
-for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
-  size = size + #ARGV[8 + i] + 1
-end
-local new_last = first + n - 1
-local status = ARGV[3]
-if status == '' then
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n])
-else
-  redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n], 'state', 'done', 'status', status,
-    'ended_ms', ARGV[4])
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  redis.call('EXPIRE', KEYS[2], ARGV[5])
-  redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', status)
-  redis.call('EXPIRE', KEYS[3], ARGV[6])
-end
-local live_max = tonumber(ARGV[7])
-local note = new_last
-if live_max > 0 and size <= live_max then
-  note = new_last .. ' ' .. first .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n)
-end
-if ARGV[10 + n] == 'sharded' then
-  redis.call('SPUBLISH', KEYS[4], note)
-else
-  redis.call('PUBLISH', KEYS[4], note)
-end
-return {'ok', tostring(new_last)}
-"""
-"""The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
-ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
-tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
-one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
-answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
-:func:`worker.redis_client.live_mode`). The notification is ``<last> <first>\\n<json>\\n...`` when the JSONs
-and their separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else
-``<last>`` (:mod:`publisher.live`)."""
-
 
 class Appender:
     """The process's append script and limits; makes one :class:`StreamWriter` per claimed stream.
@@ -235,7 +210,7 @@ class Appender:
 
     def writer(
         self, stream_id: str, *, token: int, last_seq: int, provider: str = "", model: str = "",
-        started_ms: int = 0,
+        started_ms: int = 0, epoch: str = "",
     ) -> StreamWriter:
         """Return the writer of ``stream_id`` for the holder of fencing ``token``.
 
@@ -246,9 +221,12 @@ class Appender:
             provider: Provider API, for the finished-stream summary.
             model: Requested model, for the summary.
             started_ms: The stream's first claim time (meta ``started_ms``), for the summary.
+            epoch: The generation written: meta ``epoch`` read at the claim, or a
+                :func:`new_epoch` when nothing is stored yet ('' continues a stream
+                started before contract 1.1).
         """
         return StreamWriter(self, stream_id, token=token, last_seq=last_seq, provider=provider,
-                            model=model, started_ms=started_ms)
+                            model=model, started_ms=started_ms, epoch=epoch)
 
 
 class StreamWriter:
@@ -256,10 +234,12 @@ class StreamWriter:
 
     def __init__(
         self, appender: Appender, stream_id: str, *, token: int, last_seq: int, provider: str,
-        model: str, started_ms: int,
+        model: str, started_ms: int, epoch: str = "",
     ) -> None:
         self._appender = appender
         self.stream_id, self.token, self.last_seq = stream_id, token, last_seq
+        self.epoch = epoch
+        """The generation this writer extends (meta ``epoch``; '' before contract 1.1)."""
         self.provider, self.model, self.started_ms = provider, model, started_ms
         self.first_delta_ms: int | None = None
         """``ts`` of the first ``block.delta`` this writer stored."""
@@ -278,7 +258,7 @@ class StreamWriter:
         else:
             head += ["", ""]
         return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events),
-                secrets.token_hex(8), mode]
+                secrets.token_hex(8), mode, self.epoch]
 
     async def append(self, events: list[Event]) -> int:
         """Store ``events`` (one batch, seq order, consecutive) with one script call.
@@ -295,7 +275,8 @@ class StreamWriter:
             The stream's last stored seq afterwards.
 
         Raises:
-            FencedError: The meta token is no longer ours. Abort the upstream request,
+            FencedError: The meta token is no longer ours, or (:class:`EpochFencedError`)
+                meta no longer holds this writer's epoch. Abort the upstream request,
                 leave the job pending for its new owner.
             StreamClosedError: The stream already ended. Stop; ack the job.
             SeqConflictError: Redis holds another ``last_seq``. Stop writing this stream.
@@ -338,7 +319,7 @@ class StreamWriter:
             await self._appender.replicate_terminal(sid)
             await self._appender.write_summary(sid, summary_fields(
                 last, provider=self.provider, model=self.model, started_ms=self.started_ms,
-                first_delta_ms=self.first_delta_ms))
+                first_delta_ms=self.first_delta_ms, epoch=self.epoch))
 
     async def end_refused(self, events: list[StreamError | Event], *, jump: bool = False) -> str:
         """End the stream after a :class:`StorageRefusedError`: store ``events``, else mark meta.
@@ -369,7 +350,7 @@ class StreamWriter:
         assert isinstance(terminal, StreamError)
         code, detail = await self._salvage_call(lambda: salvage.mark(
             sid, token=self.token, status=terminal.status, ended_ms=terminal.ts, category=terminal.error.category,
-            message=terminal.error.message, mode=mode))
+            message=terminal.error.message, mode=mode, epoch=self.epoch, last_seq=self.last_seq))
         if code is None:
             return "none"
         if code != "ok":
@@ -399,4 +380,6 @@ def _refusal(code: str, detail: str, stream_id: str) -> AppendRefusedError:
         return FencedError(f"stream {stream_id} is owned by another worker (token {detail or 'none'})")
     if code == "closed":
         return StreamClosedError(f"stream {stream_id} already ended at seq {detail}")
+    if code == "reset":
+        return EpochFencedError(f"stream {stream_id} holds another generation (epoch {detail or 'none'})")
     return SeqConflictError(f"stream {stream_id} holds last_seq {detail}", stored_seq=int(detail))

@@ -14,7 +14,12 @@ detectable. Rows (one JSON object per NDJSON line):
   "events", "events_stored"}``: the summary's fields, counters as integers;
 * ``{"kind": "event", "stream_id", "seq", "event": <the stored event JSON, unchanged>}``;
 * ``{"kind": "expired", "stream_id", "events", "events_stored", "detail"}`` when the
-  stream's events were gone (``FANOUT_STREAM_TTL_S``) or incomplete at export time.
+  stream's events were gone (``FANOUT_STREAM_TTL_S``) or incomplete at export time;
+* ``{"kind": "regenerated", "stream_id", "epoch", "stored_epoch", "detail"}`` when the events
+  stored now belong to another generation than the summary's (``epoch``, contract 1.1: Redis
+  restored from an older snapshot ran the job again): that generation's events are gone, and
+  the ones stored are not exported with this summary (their own summary, if they finish,
+  carries their epoch).
 
 Follows the Redis pages of XGROUP CREATE, XREADGROUP, XACK and XRANGE.
 """
@@ -75,6 +80,26 @@ def summary_row(entry_id: str, fields: dict[bytes, bytes]) -> Row:
         else:
             row[name] = value
     return row
+
+
+_REGENERATED: Final = ("the stream was written again as another generation (Redis restored from an older "
+                       "snapshot?); the events of this summary's generation are gone")
+
+
+class _StartEpoch(msgspec.Struct):
+    type: str = ""
+    epoch: str | None = None
+
+
+def _start_epoch(events: list[Row]) -> str | None:
+    """Return the ``epoch`` of the stored ``stream.start`` (seq 1), or ``None`` (absent, unreadable, or no seq 1)."""
+    if not events or events[0]["seq"] != 1:
+        return None
+    try:
+        start = msgspec.json.decode(bytes(events[0]["event"]), type=_StartEpoch)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return start.epoch if start.type == "stream.start" else None
 
 
 def entry_ms(entry_id: str) -> int:
@@ -168,6 +193,11 @@ class Exporter:
     async def _stream_rows(self, summary: Row) -> list[Row]:
         stream_id = str(summary.get("stream_id") or "")
         events = await self._events(stream_id) if stream_id else []
+        stored_epoch = _start_epoch(events)
+        if summary.get("epoch") and stored_epoch != summary["epoch"] and events:
+            summary["events_stored"] = 0
+            return [summary, {"kind": "regenerated", "stream_id": stream_id, "epoch": summary["epoch"],
+                              "stored_epoch": stored_epoch, "detail": _REGENERATED}]
         summary["events_stored"] = len(events)
         rows: list[Row] = [summary, *events]
         expected = summary.get("events")

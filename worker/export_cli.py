@@ -151,8 +151,9 @@ class ParquetSink:
         name = f"part-{time.time_ns()}.parquet"
         summaries = [r for r in self.rows if r["kind"] == "summary"]
         expired = {r["stream_id"]: r["detail"] for r in self.rows if r["kind"] == "expired"}
-        summaries = [{**{k: v for k, v in r.items() if k != "kind"}, "expired_detail": expired.get(r["stream_id"])}
-                     for r in summaries]
+        regenerated = {r["stream_id"]: r["detail"] for r in self.rows if r["kind"] == "regenerated"}
+        summaries = [{**{k: v for k, v in r.items() if k != "kind"}, "expired_detail": expired.get(r["stream_id"]),
+                      "regenerated_detail": regenerated.get(r["stream_id"])} for r in summaries]
         events = [{"stream_id": r["stream_id"], "seq": r["seq"], "event": bytes(r["event"]).decode()}
                   for r in self.rows if r["kind"] == "event"]
         self._write("summaries", name, summaries)

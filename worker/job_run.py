@@ -44,7 +44,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
-from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter
+from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
 from worker.error_policy import redis_error_fields
@@ -103,8 +103,10 @@ class JobRun(JobStorage):
             self.telemetry.job_ended("skipped")
             return "skipped"
         self.token = claim.token
+        epoch = new_epoch() if claim.last_seq == 0 else claim.epoch  # nothing stored: a new generation
         self.writer = self.ctx.appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq,
-                                               provider=job.provider, model=job.model, started_ms=claim.started_ms)
+                                               provider=job.provider, model=job.model, started_ms=claim.started_ms,
+                                               epoch=epoch)
         self.writer.sleep = self._storage_sleep
         lease = asyncio.create_task(self._keep_lease())
         with self.telemetry.job_span(job) as span, self.telemetry.job_running():
@@ -228,7 +230,7 @@ class JobRun(JobStorage):
             provider=job.provider, framing="json_array" if framing == "json_array" else "sse",
             stream_id=job.stream_id, model=job.model, clock=self.ctx.clock_ms, metadata=job.metadata,
             reasoning_visibility=job.reasoning_visibility, stored_seq=self.writer.last_seq,
-            max_frame_bytes=self.settings.max_frame_bytes,
+            max_frame_bytes=self.settings.max_frame_bytes, epoch=self.writer.epoch,
         )
         return self._pipeline
 

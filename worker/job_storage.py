@@ -151,7 +151,8 @@ class JobStorage:
         if self.writer.last_seq == 0:  # no adapter: the job's provider may be one this worker lacks
             job = self.job
             norm = Normalizer(stream_id=job.stream_id, provider=job.provider, model=job.model, clock=self.ctx.clock_ms,
-                              metadata=job.metadata, reasoning_visibility=job.reasoning_visibility)
+                              metadata=job.metadata, reasoning_visibility=job.reasoning_visibility,
+                              epoch=self.writer.epoch)
             norm.start()
             norm.fail(category=error.category, message=error.message, retryable=error.retryable)
             return norm.take()

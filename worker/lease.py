@@ -51,18 +51,19 @@ from schema.keys import JOBS_GROUP, Keys
 from worker.redis_client import RedisClient
 
 CLAIM_LUA: Final = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', '0', '0', '0'} end
-local m = redis.call('HMGET', KEYS[1], 'state', 'last_seq', 'started_ms')
-if m[1] == 'done' then return {'done', m[2] or '0', '0', m[3] or '0'} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', '0', '0', '0', ''} end
+local m = redis.call('HMGET', KEYS[1], 'state', 'last_seq', 'started_ms', 'epoch')
+if m[1] == 'done' then return {'done', m[2] or '0', '0', m[3] or '0', m[4] or ''} end
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'running', 'job_id', ARGV[5])
 redis.call('HSETNX', KEYS[1], 'started_ms', ARGV[2])
 redis.call('HSETNX', KEYS[1], 'last_seq', '0')
 redis.call('HSETNX', KEYS[1], 'provider', ARGV[3])
 redis.call('HSETNX', KEYS[1], 'model', ARGV[4])
-return {'running', m[2] or '0', tostring(token), m[3] or ARGV[2]}
+return {'running', m[2] or '0', tostring(token), m[3] or ARGV[2], m[4] or ''}
 """
-"""KEYS = meta, tomb (the stream's slot); ARGV = owner, now_ms, provider, model, job entry id."""
+"""KEYS = meta, tomb (the stream's slot); ARGV = owner, now_ms, provider, model, job entry id.
+Answers ``{state, last_seq, token, started_ms, epoch}`` (``epoch`` '' when meta has none)."""
 
 TOUCH_LUA: Final = """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
@@ -97,7 +98,10 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     token: int
     """This owner's fencing token (0 when ``done``)."""
     started_ms: int
-    """The stream's first claim time, ms since the epoch."""
+    """The stream's first claim time, ms since the Unix epoch."""
+    epoch: str = ""
+    """Meta ``epoch``: the generation whose events are stored ('' before ``stream.start``, or on
+    a stream written before contract 1.1)."""
 
 
 def _text(value: bytes | str | int) -> str:
@@ -131,8 +135,9 @@ class Leases:
             keys=[self.keys.meta(stream_id), self.keys.tomb(stream_id)],
             args=[self.consumer, now_ms, provider, model, entry_id],
         )
-        state, last_seq, token, started = (_text(v) for v in reply)
-        return Claim(done=state == "done", last_seq=int(last_seq), token=int(token), started_ms=int(started))
+        state, last_seq, token, started, epoch = (_text(v) for v in reply)
+        return Claim(done=state == "done", last_seq=int(last_seq), token=int(token), started_ms=int(started),
+                     epoch=epoch)
 
     async def renew(self, *, entry_id: str, stream_id: str, token: int) -> RenewOutcome:
         """Reset the job's idle time if this process still owns it; report the cancel flag.

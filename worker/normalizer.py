@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import msgspec
+
 from schema.contract import (
     BlockDelta,
     BlockKind,
@@ -86,6 +88,8 @@ class Normalizer:
         reasoning_visibility: Visibility given to reasoning blocks.
         stored_seq: Events of this stream already stored (1 when a retry follows a
             stored ``stream.start``, which is then not emitted again).
+        epoch: The generation's epoch, carried on ``stream.start`` (contract 1.1); ``None``
+            leaves it out (offline replays, goldens).
     """
 
     def __init__(
@@ -98,8 +102,10 @@ class Normalizer:
         metadata: dict[str, Any] | None = None,
         reasoning_visibility: Visibility = "public",
         stored_seq: int = 0,
+        epoch: str | None = None,
     ) -> None:
         self.stream_id, self.provider, self.model = stream_id, provider, model
+        self.epoch = epoch
         self.metadata = metadata or {}
         self.visibility: Visibility = reasoning_visibility
         self.usage: Usage | None = None
@@ -150,7 +156,7 @@ class Normalizer:
             self._emit(
                 lambda seq, ts: StreamStart(
                     stream_id=self.stream_id, seq=seq, ts=ts, provider=self.provider,
-                    model=self.model, metadata=self.metadata,
+                    model=self.model, metadata=self.metadata, epoch=self.epoch or msgspec.UNSET,
                 )
             )
 

@@ -120,14 +120,15 @@ def build_pipeline(
     reasoning_visibility: Visibility = "public",
     stored_seq: int = 0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    epoch: str | None = None,
 ) -> Pipeline:
-    """Build the pipeline for one upstream response of ``provider``.
+    """Build the pipeline for one upstream response of ``provider`` (``epoch``: see :class:`Normalizer`).
 
     Raises:
         KeyError: Unknown provider.
     """
     norm = Normalizer(
         stream_id=stream_id, provider=provider, model=model, clock=clock, metadata=metadata,
-        reasoning_visibility=reasoning_visibility, stored_seq=stored_seq,
+        reasoning_visibility=reasoning_visibility, stored_seq=stored_seq, epoch=epoch,
     )
     return Pipeline(adapter_class(provider)(norm, framing=framing), max_frame_bytes=max_frame_bytes)

@@ -42,13 +42,15 @@ from worker.redis_client import RedisClient
 
 TERMINAL_LUA: Final = """#!lua flags=allow-oom
 local n = tonumber(ARGV[8])
-local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch')
+local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'batch', 'epoch')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
 if meta[4] == ARGV[9 + n] then return {'landed', meta[2] or '0'} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
+local epoch = ARGV[11 + n]
 local last = tonumber(meta[2] or '0')
 local first = tonumber(ARGV[2])
-local jump = ARGV[11 + n] == 'jump' and first > last + 1
+if first > 1 and (meta[5] or '') ~= epoch then return {'reset', meta[5] or ''} end
+local jump = ARGV[12 + n] == 'jump' and first > last + 1
 if last + 1 ~= first and not jump then return {'seq', tostring(last)} end
 if jump then redis.call('HSET', KEYS[2], 'lost_from', last + 1, 'lost_to', first - 1) end
 for i = 1, n do
@@ -57,38 +59,46 @@ end
 local new_last = first + n - 1
 redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n], 'state', 'done', 'status', ARGV[3],
   'ended_ms', ARGV[4])
+if first == 1 and epoch ~= '' then redis.call('HSET', KEYS[2], 'epoch', epoch) end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HSET', KEYS[3], 'last_seq', new_last, 'status', ARGV[3])
+if epoch ~= '' then redis.call('HSET', KEYS[3], 'epoch', epoch) end
 redis.call('EXPIRE', KEYS[3], ARGV[6])
+local note = new_last
+if epoch ~= '' then note = new_last .. ' ' .. first .. ' ' .. epoch end
 if ARGV[10 + n] == 'sharded' then
-  redis.call('SPUBLISH', KEYS[4], new_last)
+  redis.call('SPUBLISH', KEYS[4], note)
 else
-  redis.call('PUBLISH', KEYS[4], new_last)
+  redis.call('PUBLISH', KEYS[4], note)
 end
 return {'ok', tostring(new_last)}
 """
 """The terminal-only append, allowed past ``maxmemory``. KEYS and ARGV as
-:data:`worker.appender.APPEND_LUA` (the status is never empty here; ARGV[10 + n] is the
-live mode), plus ARGV[11 + n]:
+:data:`worker.append_script.APPEND_LUA` (the status is never empty here; ARGV[10 + n] is the
+live mode, ARGV[11 + n] the writer's epoch, checked the same way), plus ARGV[12 + n]:
 ``jump`` lets the batch start past ``last_seq + 1`` (never below it) when the writer knows
-that Redis lost its events in between (a failover); meta then records ``lost_from`` and
-``lost_to``, and readers get a ``stream.gap`` or a 410 for that range, never a silent hole."""
+that Redis lost its events in between (a failover that kept the generation: meta still
+holds the writer's epoch); meta then records ``lost_from`` and ``lost_to``, and readers
+get a ``stream.gap`` or a 410 for that range, never a silent hole. Its notification is
+seq-only."""
 
 TERMINAL_UNFLAGGED_LUA: Final = TERMINAL_LUA.split("\n", 1)[1]
 """:data:`TERMINAL_LUA` without its flags line, for Redis 6.2 (which cannot parse script
 flags): the same terminal append, ``jump`` included, minus the ``maxmemory`` exemption."""
 
 MARK_LUA: Final = """
-local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state')
+local meta = redis.call('HMGET', KEYS[2], 'token', 'last_seq', 'state', 'epoch')
 if meta[1] ~= ARGV[1] then return {'fenced', meta[1] or ''} end
 if meta[3] == 'done' then return {'closed', meta[2] or '0'} end
 local last = meta[2] or '0'
+if (meta[4] or '') ~= ARGV[9] and not (last == '0' and ARGV[10] == '0') then return {'reset', meta[4] or ''} end
 redis.call('HSET', KEYS[2], 'state', 'done', 'status', ARGV[2], 'ended_ms', ARGV[3],
   'error_category', ARGV[4], 'error_message', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('HSET', KEYS[3], 'last_seq', last, 'status', ARGV[2])
+if meta[4] then redis.call('HSET', KEYS[3], 'epoch', meta[4]) end
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 if ARGV[8] == 'sharded' then
   redis.call('SPUBLISH', KEYS[4], last)
@@ -99,7 +109,9 @@ return {'ok', last}
 """
 """End a stream without an event. KEYS = events, meta, tomb, live; ARGV = token, status,
 ended_ms, error category, error message, stream_ttl_s, tombstone_ttl_s, live mode
-(``sharded``: ``SPUBLISH``, else ``PUBLISH``)."""
+(``sharded``: ``SPUBLISH``, else ``PUBLISH``), the writer's epoch and last seq. Refused
+with ``reset`` when meta holds another generation than the writer's (unless neither
+stored anything yet)."""
 
 
 def _text(part: Any) -> str:
@@ -146,14 +158,15 @@ class Salvage:
         return _text(reply[0]), _text(reply[1])
 
     async def mark(self, stream_id: str, *, token: int, status: str, ended_ms: int, category: str,
-                   message: str, mode: str = "classic") -> tuple[str, str]:
-        """Run :data:`MARK_LUA`; return (``ok``/``fenced``/``closed``, last_seq or token).
+                   message: str, mode: str = "classic", epoch: str = "", last_seq: int = 0) -> tuple[str, str]:
+        """Run :data:`MARK_LUA`; return (``ok``/``fenced``/``closed``/``reset``, last_seq, token or epoch).
 
-        ``mode``: the live mode (:func:`worker.redis_client.live_mode`) of its notification.
+        ``mode``: the live mode (:func:`worker.redis_client.live_mode`) of its notification;
+        ``epoch`` and ``last_seq``: the writer's generation and last stored seq.
 
         Raises:
             redis.exceptions.RedisError: Redis failed or refused (e.g. meta holds another type).
         """
-        argv = [str(token), status, str(ended_ms), category, message, *self.ttls, mode]
+        argv = [str(token), status, str(ended_ms), category, message, *self.ttls, mode, epoch, str(last_seq)]
         reply = await self._mark(keys=self._keys(stream_id), args=argv)
         return _text(reply[0]), _text(reply[1])

@@ -16,12 +16,15 @@ def summary_fields(
     model: str,
     started_ms: int,
     first_delta_ms: int | None,
+    epoch: str = "",
 ) -> list[str]:
     """Return the flat field/value list XADDed to ``P:done`` for a finished stream.
 
     Fields: ``stream_id provider model status finish_reason error_category input_tokens
     output_tokens cached_input_tokens reasoning_tokens events ttfd_ms duration_ms
-    ended_ms``; unknown values are empty strings. ``events`` is the terminal's seq;
+    ended_ms epoch``; unknown values are empty strings. ``epoch`` names the generation
+    that finished (contract 1.1; empty for a stream started before it), so a consumer
+    that meets the same ``stream_id`` twice with two epochs knows it was regenerated. ``events`` is the terminal's seq;
     ``ttfd_ms`` (first ``block.delta``) and ``duration_ms`` (terminal) are measured from
     ``started_ms``, the stream's first claim.
     """
@@ -38,5 +41,6 @@ def summary_fields(
         "ttfd_ms": first_delta_ms - started_ms if first_delta_ms is not None and started_ms else None,
         "duration_ms": terminal.ts - started_ms if started_ms else None,
         "ended_ms": terminal.ts,
+        "epoch": epoch or None,
     }
     return [part for name, value in fields.items() for part in (name, "" if value is None else str(value))]

@@ -23,15 +23,20 @@ Decisions where CONTRACT.md is silent (the contract's docs, kept here):
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
 import msgspec
 
 CONTRACT_VERSION: Final = 1
 """Schema version of this contract; bumped when block kinds or types are added."""
+CONTRACT_MINOR: Final = 1
+"""Minor revision (contract 1.1): optional additions old readers ignore, such as ``epoch``."""
 
 STREAM_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,128}$"
 """Every ``stream_id`` matches this pattern (CONTRACT.md, Envelope)."""
+EPOCH_PATTERN: Final = r"^[0-9a-z]{1,32}$"
+"""Every ``epoch`` matches this pattern: lowercase letters and digits, no ``.`` (contract 1.1)."""
 
 BlockKind = Literal["text", "reasoning", "tool_call", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -142,6 +147,11 @@ class StreamStart(_Event, frozen=True, kw_only=True, tag="stream.start"):
     """The model as requested."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     """The job's metadata object, passed through."""
+    epoch: str | msgspec.UnsetType = msgspec.UNSET
+    """The generation of the stream this event starts (contract 1.1, "Generations"): a short
+    opaque token (:data:`EPOCH_PATTERN`) the writing worker chose, also the suffix of every
+    SSE ``id`` (``<seq>.<epoch>``) of this generation. Absent on streams written before 1.1
+    and in offline replays."""
 
 
 class BlockStart(_Event, frozen=True, kw_only=True, tag="block.start", omit_defaults=True):
@@ -221,6 +231,7 @@ class _TypeOnly(msgspec.Struct):
     type: str
 
 
+_EPOCH: Final = re.compile(EPOCH_PATTERN.strip("^$"))
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(Event)
 _type_decoder: Final = msgspec.json.Decoder(_TypeOnly)
@@ -254,6 +265,28 @@ def to_builtins(event: Event) -> dict[str, Any]:
     """Return the event as plain JSON-compatible Python objects."""
     result: dict[str, Any] = msgspec.to_builtins(event)
     return result
+
+
+def event_id(seq: int, epoch: str | None) -> str:
+    """Return the SSE ``id`` of event ``seq`` of generation ``epoch``: ``<seq>.<epoch>``, or ``<seq>`` without one."""
+    return f"{seq}.{epoch}" if epoch else str(seq)
+
+
+def parse_event_id(text: str) -> tuple[int, str | None]:
+    """Split an SSE ``id`` / ``Last-Event-ID`` into ``(seq, epoch or None)``.
+
+    Args:
+        text: ``<seq>`` or ``<seq>.<epoch>`` (contract 1.1, "Generations").
+
+    Raises:
+        ValueError: Anything else (the seq is not ASCII digits, or the epoch is malformed).
+    """
+    head, dot, tail = text.partition(".")
+    if not (head.isascii() and head.isdigit()) or len(head) > 64:
+        raise ValueError(f"not an event id: {text!r}")
+    if dot and _EPOCH.fullmatch(tail) is None:
+        raise ValueError(f"not an event id: {text!r}")
+    return int(head), tail if dot else None
 
 
 def is_terminal(event: Event) -> bool:

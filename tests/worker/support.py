@@ -154,7 +154,7 @@ async def recorded(base_url: str) -> list[dict[str, Any]]:
 
 
 def strip_volatile(events: list[Event]) -> list[dict[str, Any]]:
-    """Events as builtins without ``stream_id``, ``ts`` and ``stream.start``'s model/metadata."""
+    """Events as builtins without ``stream_id``, ``ts`` and ``stream.start``'s model/metadata/epoch (random)."""
     out = []
     for event in events:
         item = msgspec.to_builtins(event)
@@ -163,6 +163,7 @@ def strip_volatile(events: list[Event]) -> list[dict[str, Any]]:
         if item["type"] == "stream.start":
             item.pop("model", None)
             item.pop("metadata", None)
+            item.pop("epoch", None)
         out.append(item)
     return out
 

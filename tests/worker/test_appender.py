@@ -161,7 +161,7 @@ async def _published(redis_client: aioredis.Redis, keys: Keys, writer: StreamWri
     """The notifications of ``batches``, heard as a publisher would: SSUBSCRIBE in sharded mode, else SUBSCRIBE."""
     sharded = await live_mode(redis_client) == "sharded"
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    await (pubsub.ssubscribe if sharded else pubsub.subscribe)(keys.live(SID))
+    await (pubsub.ssubscribe if sharded else pubsub.subscribe)(keys.live(writer.stream_id))
     try:
         for batch in batches:
             await writer.append(batch)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from schema.contract import Event, StreamDone, Usage, encode_event
+from schema.contract import Event, StreamDone, StreamStart, Usage, encode_event
 from schema.keys import Keys
 from tests.conftest import is_cluster_url
 from tests.publisher.helpers import StreamWriter, text_stream
@@ -127,6 +127,53 @@ async def test_a_stream_whose_events_expired_gets_an_expired_row(redis_client: a
     expired = [r for r in sink.committed if r["kind"] == "expired"]
     assert expired == [{"kind": "expired", "stream_id": sid, "events": 6, "events_stored": 0,
                         "detail": "the stream's events expired before the export (FANOUT_STREAM_TTL_S)"}]
+
+
+async def test_a_summary_whose_stream_was_written_again_gets_a_regenerated_row_not_the_new_events(
+        redis_client: aioredis.Redis, keys: Keys) -> None:
+    """Redis restored from an older snapshot re-ran the job: the events stored are another generation's."""
+    sid = f"st_{uuid.uuid4().hex}"
+    events = text_stream(sid, 2)
+    first = events[0]
+    assert isinstance(first, StreamStart)
+    events[0] = StreamStart(stream_id=sid, seq=1, ts=first.ts, provider=first.provider, model=first.model,
+                            epoch="bbbb2222")
+    writer = StreamWriter(redis_client, keys, sid, epoch=b"bbbb2222")
+    await writer.meta()
+    await writer.append(*events, notify=False)
+    terminal = events[-1]
+    assert isinstance(terminal, StreamDone)
+    fields = summary_fields(terminal, provider="openai_chat", model="m", started_ms=1, first_delta_ms=2,
+                            epoch="aaaa1111")  # the summary of the first generation, exported after the restore
+    await redis_client.xadd(keys.done, dict(zip(fields[::2], fields[1::2], strict=True)))
+    sink = ListSink()
+    await Exporter(redis_client, keys, sink).run()
+    assert [r["kind"] for r in sink.committed] == ["summary", "regenerated"]
+    assert sink.committed[0]["epoch"] == "aaaa1111"
+    assert sink.committed[1] == {
+        "kind": "regenerated", "stream_id": sid, "epoch": "aaaa1111", "stored_epoch": "bbbb2222",
+        "detail": "the stream was written again as another generation (Redis restored from an older snapshot?); "
+                  "the events of this summary's generation are gone"}
+
+
+async def test_a_summary_of_the_stored_generation_exports_its_events(redis_client: aioredis.Redis, keys: Keys) -> None:
+    sid = f"st_{uuid.uuid4().hex}"
+    events = text_stream(sid, 2)
+    first = events[0]
+    assert isinstance(first, StreamStart)
+    events[0] = StreamStart(stream_id=sid, seq=1, ts=first.ts, provider=first.provider, model=first.model,
+                            epoch="aaaa1111")
+    writer = StreamWriter(redis_client, keys, sid, epoch=b"aaaa1111")
+    await writer.meta()
+    await writer.append(*events, notify=False)
+    terminal = events[-1]
+    assert isinstance(terminal, StreamDone)
+    fields = summary_fields(terminal, provider="openai_chat", model="m", started_ms=1, first_delta_ms=2,
+                            epoch="aaaa1111")
+    await redis_client.xadd(keys.done, dict(zip(fields[::2], fields[1::2], strict=True)))
+    sink = ListSink()
+    await Exporter(redis_client, keys, sink).run()
+    assert [r["kind"] for r in sink.committed] == ["summary"] + ["event"] * len(events)
 
 
 async def test_since_skips_streams_that_finished_before_it(redis_client: aioredis.Redis, keys: Keys) -> None:
