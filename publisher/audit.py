@@ -1,19 +1,21 @@
 """The live audit: what a topic that heard nothing for a while learns from the stored top.
 
 Every half heartbeat interval the hub audits its live topics that received no
-notification for that long: one pipelined ``HGET <meta> state`` and
+notification for that long: one pipelined ``HMGET <meta> state epoch`` and
 ``XREVRANGE <events> <top of ours> - COUNT 1`` each, in that order
 (:meth:`publisher.store.Store.tops`). A top above
 ``fetched`` is a lost notification: the topic reads. No events at all, or a top below
 ``fetched`` (Redis lost data), closes the topic's live readers with ``gap``, so each learns
-within one heartbeat interval. A stream marked ``done`` with no terminal event (storage
+within one heartbeat interval; so does a meta ``epoch`` other than the one the live readers
+hold (the stream was written again as a new generation: ``history-reset``). A stream
+marked ``done`` with no terminal event (storage
 refused it: its top is not one) ends the readers that hold its top and have written
 everything queued (a reader of a stream whose top is its terminal event ends by writing
 it, also while that write waits for a slow client); so does
 one marked ``done`` with no event of ours at all while nothing was sent (refused at its
 first append), whose readers wait at position 0. A
 topic that received entries while its top was being read is left for the next audit,
-and one stream's failing keys skip only that stream. Follows the Redis pages of XREVRANGE and HGET.
+and one stream's failing keys skip only that stream. Follows the Redis pages of XREVRANGE and HMGET.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:
         if isinstance(found, RedisError):  # this stream's keys only (another type, say)
             log.warning("live audit of stream %s failed: %s", topic.stream_id, found)
             continue
-        top, state, terminal = found
+        top, state, terminal, epoch = found
+        if state is not None and not topic.check_generation(epoch or b""):  # another generation: readers closed
+            continue
         if (top is None and (topic.fetched > 0 or state is None)) or (top is not None and top < topic.fetched):
             log.warning("stream %s: stored history gone under live readers (top %s, sent %s)",
                         topic.stream_id, top, topic.fetched)

@@ -3,7 +3,8 @@
 Each stored item (field ``e``: the event JSON, schema.keys) is parsed once, peeking only
 at the few fields the publisher needs (type, ts, block index and kind, visibility); the
 JSON itself stays opaque bytes inside the ready-made ``id:``/``event:``/``data:``
-message, shared by every reader of the stream. An item without event JSON, or not JSON,
+message, shared by every reader of the stream. The ``id:`` is ``<seq>.<epoch>`` when the
+stream's generation has an epoch (contract 1.1), else ``<seq>``. An item without event JSON, or not JSON,
 becomes an ``invalid`` entry that keeps its seq and sends nothing; an id of another shape
 (a foreign writer's) is logged and skipped. Pure: no I/O. Follows the WHATWG HTML
 "Server-sent events" section for the message fields.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any, Final, cast
 
 import msgspec
@@ -64,6 +66,8 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """``visibility`` of a reasoning ``block.start``, else ``None``."""
     frame: bytes
     """The complete SSE message (``id``, ``event``, ``data``, blank line)."""
+    epoch: bytes = b""
+    """The generation the entry was read or heard in (its ``id`` suffix); ``b""`` before contract 1.1."""
 
     @property
     def terminal(self) -> bool:
@@ -75,10 +79,20 @@ class Page(list[Entry]):
     """Entries of one XRANGE reply, in seq order; may be shared by readers (never modify one).
 
     :meth:`frames` joins their SSE messages once, so readers that send the same page
-    send (and hold) one bytes object.
+    send (and hold) one bytes object. :attr:`epoch` is the stream's meta ``epoch`` read
+    right after the entries (:meth:`publisher.store.Store.read_after`): a reader holding
+    another generation must not be served them (``stream.gap``).
+
+    Args:
+        entries: The entries.
+        epoch: Meta ``epoch`` read with them (``b""``: none, a stream older than contract 1.1).
     """
 
-    __slots__ = ("_frames",)
+    __slots__ = ("_frames", "epoch")
+
+    def __init__(self, entries: Iterable[Entry] = (), epoch: bytes = b"") -> None:
+        super().__init__(entries)
+        self.epoch = epoch
 
     def frames(self) -> bytes | None:
         """Return every entry's frame joined, computed once.
@@ -99,39 +113,41 @@ class Page(list[Entry]):
         self._frames: bytes | None = frames
 
 
-def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | list[bytes]) -> Entry:
+def parse_entry(entry_id: bytes | str, fields: dict[bytes, bytes] | list[bytes], epoch: bytes = b"") -> Entry:
     """Parse one XRANGE item.
 
     Args:
         entry_id: ``0-<seq>``.
         fields: The entry's fields, as a map or as redis' flat ``[name, value, ...]``
             list; the event JSON is under ``e``.
+        epoch: The generation's epoch, for the frame's ``id`` (``b""``: none).
 
     Returns:
         The entry. One that holds no event JSON (a writer's bug) is logged and gets
         type ``invalid`` and an empty frame: it keeps its seq, so positions stay exact,
         but nothing is sent for it.
     """
-    return entry_of(seq_of(entry_id), event_field(fields))
+    return entry_of(seq_of(entry_id), event_field(fields), epoch)
 
 
-def entry_of(seq: int, raw: bytes | None) -> Entry:
+def entry_of(seq: int, raw: bytes | None, epoch: bytes = b"") -> Entry:
     """Build the :class:`Entry` of one stored event (from XRANGE or a live notification).
 
     Args:
         seq: The entry's seq.
         raw: The event JSON as stored in field ``e``; ``None`` when the field is missing.
+        epoch: The generation's epoch (``id: <seq>.<epoch>``); ``b""`` for ``id: <seq>``.
 
     Returns:
         The entry with its ready SSE frame; see :func:`parse_entry` for one without JSON.
     """
     if raw is None:
-        return _invalid(seq)
+        return _invalid(seq, epoch)
     try:
         data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
         peek = _peek.decode(data)
     except (msgspec.DecodeError, RecursionError):  # not JSON (one_line re-encodes only JSON), not an
-        return _invalid(seq)  # event object, or nested past the decoder's recursion limit
+        return _invalid(seq, epoch)  # event object, or nested past the decoder's recursion limit
     kind = peek.type
     name = _TYPE_NAMES.get(kind)
     if name is None:
@@ -145,12 +161,18 @@ def entry_of(seq: int, raw: bytes | None) -> Entry:
         block_index=block.index if block else None,
         block_kind=block.kind if block else None,
         visibility=peek.visibility,
-        frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data),
+        frame=b"id: %d%s\nevent: %s\ndata: %s\n\n" % (seq, _suffix(epoch), name, data),
+        epoch=epoch,
     )
 
 
-def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
-    """Parse one XRANGE reply (``[(entry id, fields)]``, ascending ids) into entries.
+def _suffix(epoch: bytes) -> bytes:
+    """Return what follows the seq in an ``id:`` line: ``.<epoch>``, or nothing without one."""
+    return b"." + epoch if epoch else b""
+
+
+def entries_of(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes = b"") -> Page:
+    """Parse one XRANGE reply (``[(entry id, fields)]``, ascending ids) into entries of generation ``epoch``.
 
     A page whose first and last ids are ``0-<seq>`` and whose length equals the span
     between them holds exactly the seqs ``first .. last`` (stream ids strictly
@@ -161,34 +183,32 @@ def entries_of(stream_id: str, raw: list[tuple[bytes, Any]]) -> Page:
     skipped). Both give the same entries.
     """
     if not raw:
-        return Page()
+        return Page(epoch=epoch)
     if len(raw) == 1:  # the usual live read: one new entry
         (entry_id, fields), = raw
         seq = ours_seq(entry_id)
         if seq is not None and len(fields) == 2 and fields[0] == EVENT_FIELD:
-            single = Page()
-            single.append(entry_of(seq, fields[1]))
-            return single
+            return Page([entry_of(seq, fields[1], epoch)], epoch)
     first, last = ours_seq(raw[0][0]), ours_seq(raw[-1][0])
     if first is not None and last is not None and last - first + 1 == len(raw):
         datas: list[bytes | None] = [fields[1] if len(fields) == 2 and fields[0] == EVENT_FIELD else None
                                      for _, fields in raw]
         if None not in datas:
-            page = _fast_page(first, cast("list[bytes]", datas))
+            page = _fast_page(first, cast("list[bytes]", datas), epoch)
             if page is not None:
                 return page
-    entries = Page()
+    entries = Page(epoch=epoch)
     for entry_id, fields in raw:
         seq = ours_seq(entry_id)
         if seq is None:
             if not ours(stream_id, entry_id):
                 continue
             seq = seq_of(entry_id)
-        entries.append(entry_of(seq, event_field(fields)))
+        entries.append(entry_of(seq, event_field(fields), epoch))
     return entries
 
 
-def _fast_page(first: int, datas: list[bytes]) -> Page | None:
+def _fast_page(first: int, datas: list[bytes], epoch: bytes) -> Page | None:
     """Entries of seqs ``first ..`` from their event JSONs, or ``None`` when one needs :func:`entry_of`'s care.
 
     The page's joined frames (:meth:`Page.frames`) are made on the way. ``None`` when a
@@ -205,19 +225,20 @@ def _fast_page(first: int, datas: list[bytes]) -> Page | None:
         peeks = [_peek.decode(data) for data in datas]
     except (msgspec.DecodeError, RecursionError):  # not JSON or too deep: the careful path, per item
         return None
-    entries = Page()
+    entries = Page(epoch=epoch)
     frames: list[bytes] = []
     whole = True
+    suffix = _suffix(epoch)
     for seq, peek, data in zip(range(first, first + len(datas)), peeks, datas, strict=True):
         name = _TYPE_NAMES.get(peek.type)
         if name is None:
-            entry = entry_of(seq, data)
+            entry = entry_of(seq, data, epoch)
             whole = whole and bool(entry.frame)
         else:
             block = peek.block
             entry = Entry(seq=seq, type=peek.type, ts_ms=peek.ts, block_index=block.index if block else None,
                           block_kind=block.kind if block else None, visibility=peek.visibility,
-                          frame=b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name, data))
+                          frame=b"id: %d%s\nevent: %s\ndata: %s\n\n" % (seq, suffix, name, data), epoch=epoch)
         entries.append(entry)
         frames.append(entry.frame)
     whole = whole and TERMINAL_TYPES.isdisjoint([peek.type for peek in peeks[:-1]])  # a terminal only last
@@ -225,10 +246,11 @@ def _fast_page(first: int, datas: list[bytes]) -> Page | None:
     return entries
 
 
-def _invalid(seq: int) -> Entry:
+def _invalid(seq: int, epoch: bytes) -> Entry:
     """Return the entry of a stored item without event JSON (a writer's bug): keeps its seq, sends nothing."""
     log.error("stream entry %s holds no event JSON; it is not sent", seq)
-    return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None, visibility=None, frame=b"")
+    return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None, visibility=None, frame=b"",
+                 epoch=epoch)
 
 
 def event_field(fields: dict[bytes, bytes] | list[bytes]) -> bytes | None:

@@ -5,20 +5,25 @@ Before any byte of the body, the request is answered in full when it can be:
 ==========================================================  ======================
 situation                                                   answer
 ==========================================================  ======================
-position not a non-negative integer                         400 ``invalid-position``
+position not ``<seq>`` or ``<seq>.<epoch>``                 400 ``invalid-position``
 no meta, no events, no tombstone                            404 ``not-found``
+position names an epoch that is not the stream's (meta's,   410 ``history-reset``
+or the tombstone's): the stream was written again
 tombstone only, position = its last seq                     204
 tombstone only, any other position                          410 ``history-expired``
 position above the stored top (meta ``last_seq``)           410 ``position-ahead``
 ended and position = last seq                               204
 first entry after the position is not position + 1         410 ``history-trimmed``
 events gone although meta says more exist                   410 ``history-expired``
+the first page read belongs to another generation           410 ``history-reset``
 otherwise (queued, running, or ended with events to send)   200 ``text/event-stream``
 ==========================================================  ======================
 
 The position is ``Last-Event-ID``, else the ``last_event_id`` query parameter, else 0
-(an empty value counts as absent, as EventSource never sends one). The live
-subscription is taken before the first history read (B18).
+(an empty value counts as absent, as EventSource never sends one): ``<seq>`` (no
+generation check, as before contract 1.1) or ``<seq>.<epoch>``, the SSE ``id`` of the
+event the client holds. Every ``id:`` sent is ``<seq>.<epoch>`` once the stream has an
+epoch. The live subscription is taken before the first history read (B18).
 
 Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
 """
@@ -27,15 +32,14 @@ from __future__ import annotations
 
 import logging
 import random
-import re
-from typing import Final
+from typing import NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from opentelemetry import trace
 
 from publisher.auth import authorize_read
-from publisher.entries import Entry, Page
+from publisher.entries import Page
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
@@ -45,40 +49,72 @@ from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.store import StreamInfo
 from publisher.tokens import Scope
 from publisher.visibility import Projection
+from schema.contract import parse_event_id
 from schema.errors import InternalError
 from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
-_POSITION: Final = re.compile(r"[0-9]{1,64}")
+class Position(NamedTuple):
+    """Where a client is: the last seq it holds and, when its ``id`` named one, that event's epoch."""
+
+    seq: int
+    """The last seq held (0: nothing)."""
+    epoch: str | None
+    """The generation of that seq; ``None`` for a bare seq (not checked)."""
 
 
-def parse_position(request: web.Request) -> int:
-    """Return the last seq the client holds: ``Last-Event-ID``, else ``last_event_id``, else 0.
+def parse_position(request: web.Request) -> Position:
+    """Return the client's position: ``Last-Event-ID``, else ``last_event_id``, else seq 0.
 
     Raises:
-        ProblemError: ``invalid-position`` (400) for anything but ASCII digits, or a
+        ProblemError: ``invalid-position`` (400) for anything but ``<seq>`` or
+            ``<seq>.<epoch>`` (:func:`schema.contract.parse_event_id`), or a
             ``last_event_id`` parameter given more than once (as a repeated header is).
     """
     if len(request.query.getall("last_event_id", ())) > 1:
         raise ProblemError("invalid-position", "the last_event_id parameter is given more than once; give it once")
     raw = request.headers.get("Last-Event-ID", "").strip() or request.query.get("last_event_id", "").strip()
     if not raw:
-        return 0
-    if _POSITION.fullmatch(raw) is None:
-        raise ProblemError("invalid-position", "Last-Event-ID / last_event_id must be a non-negative integer (a seq)")
-    return int(raw)
+        return Position(0, None)
+    try:
+        seq, epoch = parse_event_id(raw)
+    except ValueError:
+        raise ProblemError("invalid-position", "Last-Event-ID / last_event_id must be the id of an event held: "
+                                               "<seq> or <seq>.<epoch>") from None
+    return Position(seq, epoch if seq else None)
 
 
-def early_answer(stream_id: str, info: StreamInfo, position: int) -> web.Response | None:
+def check_epoch(info: StreamInfo, position: Position) -> None:
+    """Refuse a position in another generation than the stream's current one (contract 1.1).
+
+    Raises:
+        ProblemError: ``history-reset`` (410), with the stream's ``epoch`` (null when it has
+            none yet) and ``last_seq``: the events the client holds are not this stream's
+            history any more; it must start again from the beginning (no ``Last-Event-ID``).
+    """
+    current = info.epoch
+    if position.epoch is not None and position.epoch != current:
+        raise ProblemError("history-reset", "the stream was written again as another generation; the events "
+                                            "held are not its history any more: read it again from the start",
+                           extensions={"epoch": current or None,
+                                       "last_seq": info.last_seq if info.known else info.tomb_last_seq})
+
+
+def early_answer(stream_id: str, info: StreamInfo, position: Position) -> web.Response | None:
     """Return the 204 owed before any read, or ``None`` to go on; raise the 404/410 owed.
 
     Raises:
-        ProblemError: ``not-found``, ``history-expired`` or ``position-ahead``.
+        ProblemError: ``not-found``, ``history-reset``, ``history-expired`` or ``position-ahead``.
     """
+    if not info.known and not info.tomb:
+        raise ProblemError("not-found", f"no stream {stream_id}")
+    check_epoch(info, position)
+    return _early_by_seq(info, position.seq)
+
+
+def _early_by_seq(info: StreamInfo, position: int) -> web.Response | None:
     if not info.known:
-        if not info.tomb:
-            raise ProblemError("not-found", f"no stream {stream_id}")
         last_seq = info.tomb_last_seq
         if position == last_seq:
             return web.Response(status=204)
@@ -92,14 +128,21 @@ def early_answer(stream_id: str, info: StreamInfo, position: int) -> web.Respons
     return None
 
 
-async def check_first_page(request: web.Request, stream_id: str, info: StreamInfo, position: int,
-                           page: list[Entry]) -> None:
-    """Refuse a position that stored history no longer follows (B20).
+async def check_first_page(request: web.Request, info: StreamInfo, page: Page, reader: Reader) -> None:
+    """Refuse a reader's position that stored history no longer follows (B20), or a page of another generation.
+
+    ``reader.cursor`` is the position (nothing was sent yet).
 
     Raises:
-        ProblemError: ``history-trimmed`` (entries remain, but not ``position + 1``; carries
+        ProblemError: ``history-reset`` (the page was read in another generation than
+            the one the reader holds: the stream was written again since ``info``),
+            ``history-trimmed`` (entries remain, but not ``position + 1``; carries
             ``first_seq``) or ``history-expired`` (the events are gone).
     """
+    if not reader.adopt(page, page.epoch):
+        raise ProblemError("history-reset", "the stream was written again as another generation while it was read",
+                           extensions={"epoch": page.epoch.decode() or None, "last_seq": None})
+    stream_id, position = reader.stream_id, reader.cursor
     if page and page[0].seq != position + 1:
         raise ProblemError("history-trimmed", f"seq {position + 1} is no longer stored",
                            extensions={"first_seq": page[0].seq, "last_seq": info.last_seq})
@@ -126,7 +169,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     scope = authorize_read(request, stream_id)
     position = parse_position(request)
     telemetry = request.app[TELEMETRY]
-    if position > 0:
+    if position.seq > 0:
         telemetry.resumes.add(1)
     gate = request.app[GATE]
     refusal = gate.try_acquire()
@@ -164,7 +207,7 @@ async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
     return response
 
 
-async def _answer(request: web.Request, stream_id: str, scope: Scope, position: int) -> web.StreamResponse:
+async def _answer(request: web.Request, stream_id: str, scope: Scope, position: Position) -> web.StreamResponse:
     app = request.app
     info = await app[STORE].info(stream_id)
     app[TELEMETRY].link_submit(info.meta)
@@ -173,18 +216,27 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
         app[TELEMETRY].no_content.add(1)
         return early
     stream = EventStream(request)
-    reader = Reader(stream_id, position, app[SETTINGS].client_queue, stream.drop)
+    reader = Reader(stream_id, position.seq, app[SETTINGS].client_queue, stream.drop, epoch=reader_epoch(info))
     hub = app[HUB]
     try:
         await hub.join(reader)
         asked = app[STORE].first_page
-        first = [await app[STORE].read_after(stream_id, position, asked, share=hub.share_key(reader))]  # handed over
-        await check_first_page(request, stream_id, info, position, first[0])
+        first = [await app[STORE].read_after(stream_id, position.seq, asked, share=hub.share_key(reader))]  # handed on
+        await check_first_page(request, info, first[0], reader)
         await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
     except BaseException:
         hub.leave(reader)  # a started event stream leaves the hub when it ends
         raise
     return stream
+
+
+def reader_epoch(info: StreamInfo) -> bytes | None:
+    """Return the generation a new reader starts in.
+
+    Meta ``epoch`` (``b""``: none, a stream older than contract 1.1), or ``None`` while
+    nothing is stored (the first page read tells).
+    """
+    return info.epoch.encode() if info.last_seq > 0 else None
 
 
 class EventStream(web.StreamResponse):

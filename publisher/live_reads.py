@@ -14,6 +14,10 @@ that asked is read together:
 - On a cluster, the streams of one read live in different slots, which a multi-key
   command cannot span: each is read with its own ``XRANGE``, concurrently.
 
+Each page comes with its stream's meta ``epoch``, read right after it; a page of another
+generation than the topic's closes its live readers with a ``history-reset`` gap
+(:meth:`publisher.topic.Topic.check_generation`).
+
 Reads are paced by a token bucket: one token per ``interval_s`` (``FANOUT_LIVE_READ_MS``),
 at most :data:`BURST` saved, one spent per read, and only one read in flight. Under load
 a read therefore serves every topic that asked since the last one, and the reads per
@@ -157,7 +161,7 @@ class LiveReads:
             try:
                 if topic.fetched != start:  # its live set emptied and restarted meanwhile
                     topic.pending = True
-                else:
+                elif topic.check_generation(page.epoch if page else None):  # another one closes its readers
                     topic.offer(page)
                     if len(page) >= self._store.page:  # more stored after this page
                         topic.pending = True

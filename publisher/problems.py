@@ -37,6 +37,7 @@ PROBLEM_TYPES: Final[dict[str, tuple[int, str]]] = {
     "history-expired": (410, "Stream history expired"),
     "history-trimmed": (410, "Stream history no longer covers the position"),
     "position-ahead": (410, "Position is ahead of the stored stream"),
+    "history-reset": (410, "Stream was written again as another generation"),
     "body-too-large": (413, "Request body too large"),
     "internal": (500, "Internal error"),
     "too-many-connections": (503, "Too many open event streams"),

@@ -20,8 +20,23 @@ from typing import Literal
 from publisher.entries import Entry
 
 CloseReason = Literal["overflow", "gap", "shutdown", "end"]
-"""Why a reader stopped: its queue overflowed, stored history skipped seqs, shutdown, or
-its sink wrote the terminal event."""
+"""Why a reader stopped: its queue overflowed, stored history skipped seqs (or was
+replaced by another generation), shutdown, or its sink wrote the terminal event."""
+
+
+def same_generation(held: bytes | None, found: bytes | None) -> bool:
+    """Return whether entries found in generation ``found`` may follow what a reader holds of ``held``.
+
+    Args:
+        held: The epoch of what was delivered so far; ``None`` while nothing of a
+            generation was (a reader at seq 0 of a stream not yet started).
+        found: The epoch of what was read or heard; ``None`` when the source does not
+            say (a notification of a worker older than contract 1.1).
+
+    ``b""`` is a generation without a name (a stream started before contract 1.1): it
+    matches only itself. Contract 1.1, "Generations".
+    """
+    return held is None or found is None or held == found
 
 class Shared:
     """A batch of live entries encoded once for every reader of a topic (:meth:`publisher.topic.Topic.flush`).
@@ -60,11 +75,14 @@ class Reader:
         cursor: Last seq the response has handled (``Last-Event-ID``, or 0); the next
             entry accepted is exactly ``cursor + 1``.
         limit: Most entries queued at once (``FANOUT_CLIENT_QUEUE``).
+        epoch: The generation the cursor belongs to (:func:`same_generation`); ``None``
+            while the stream has none yet.
         on_overflow: Called once, synchronously, when the queue overflows; the
             response uses it to drop its connection even while blocked writing.
     """
 
-    __slots__ = ("_on_overflow", "_queue", "_wake", "beat", "closed", "cursor", "gap", "limit", "sink", "stream_id")
+    __slots__ = ("_on_overflow", "_queue", "_wake", "beat", "closed", "cursor", "epoch", "gap", "limit", "reset",
+                 "sink", "stream_id")
 
     def __init__(
         self,
@@ -72,10 +90,15 @@ class Reader:
         cursor: int,
         limit: int,
         on_overflow: Callable[[], None] | None = None,
+        epoch: bytes | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.cursor = cursor
         self.limit = limit
+        self.epoch = epoch
+        """The generation of what this reader delivered (:func:`same_generation`)."""
+        self.reset = False
+        """Closed with ``gap`` because the stream now holds another generation (``history-reset``)."""
         self.closed: CloseReason | None = None
         self.gap: tuple[int, int | None] | None = None
         """``(cursor, first seq found or None)`` when closed for a gap."""
@@ -130,11 +153,28 @@ class Reader:
         self._notify()
         return True
 
-    def fail_gap(self, found_seq: int | None) -> None:
-        """Close with ``gap``: stored history does not continue the cursor (``found_seq``: what came instead)."""
+    def fail_gap(self, found_seq: int | None, *, reset: bool = False) -> None:
+        """Close with ``gap``: stored history does not continue the cursor (``found_seq``: what came instead).
+
+        ``reset``: the stream holds another generation than the reader's (``history-reset``).
+        """
         if self.closed is None:
             self.gap = (self.cursor, found_seq)
+            self.reset = reset
             self.close("gap")
+
+    def adopt(self, page: list[Entry], epoch: bytes) -> bool:
+        """Check that a page read in generation ``epoch`` continues this reader's; learn the epoch if unknown.
+
+        Returns:
+            False when it belongs to another generation (close with ``gap``, ``reset``).
+            An empty page proves nothing and passes.
+        """
+        if not page:
+            return True
+        if self.epoch is None:
+            self.epoch = epoch
+        return self.epoch == epoch
 
     def close(self, reason: CloseReason) -> None:
         """Stop the reader; the first reason wins. Queued entries survive only a ``gap``."""

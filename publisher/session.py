@@ -41,7 +41,7 @@ from publisher.entries import Entry, Page
 from publisher.hub import Hub
 from publisher.read_ahead import ReadAhead
 from publisher.reader import Reader, Shared
-from publisher.sse import GAP_EVENT, PING, error_frame
+from publisher.sse import GAP_EVENT, PING, error_frame, gap_data
 from publisher.store import Store
 from publisher.telemetry import Telemetry
 from publisher.visibility import Projection
@@ -142,7 +142,7 @@ class Session:
                         return
                 elif reader.closed == "gap":
                     after, found = reader.gap or (reader.cursor, None)
-                    await self._gap(after, found)
+                    await self._gap(after, found, reset=reader.reset)
                     return
                 elif reader.closed is not None:
                     return
@@ -151,7 +151,7 @@ class Session:
         finally:
             reader.sink = reader.beat = None
 
-    async def _replay(self, page: list[Entry], asked: int) -> bool:
+    async def _replay(self, page: Page, asked: int) -> bool:
         """Send history until the reader is live; return True when the response must end.
 
         While one full page is written, the next is already being read (one read ahead,
@@ -191,6 +191,9 @@ class Session:
                 share = self.hub.share_key(self.reader) if full else None
                 page = await (ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
                                                                     share=share))
+                if not self.reader.adopt(page, page.epoch):  # the stream was written again meanwhile
+                    await self._gap(self.reader.cursor, None, reset=True)
+                    return True
         finally:
             ahead.let_go()  # the response ends: a read-ahead still held is not awaited
 
@@ -289,16 +292,15 @@ class Session:
             self.telemetry.record_write(sent, phase)
         return bool(sent) and sent[-1].terminal
 
-    async def _gap(self, after_seq: int, found_seq: int | None) -> None:
-        """Send the documented ``stream.gap`` error frame (no ``id:``); the response then ends."""
-        log.warning("stream %s: history gap after seq %s (next: %s)", self.reader.stream_id, after_seq, found_seq)
-        data = msgspec.json.encode({
-            "type": GAP_EVENT,
-            "stream_id": self.reader.stream_id,
-            "after_seq": after_seq,
-            "next_seq": found_seq,
-            "detail": "stored history no longer follows this position; reconnect to get the cause",
-        })
+    async def _gap(self, after_seq: int, found_seq: int | None, *, reset: bool = False) -> None:
+        """Send the documented ``stream.gap`` error frame (no ``id:``); the response then ends.
+
+        ``reset``: the stream now holds another generation (contract 1.1): the frame says so
+        (``reason: history-reset``), and the reconnect gets the ``410 history-reset``.
+        """
+        log.warning("stream %s: history gap after seq %s (next: %s, reset: %s)", self.reader.stream_id, after_seq,
+                    found_seq, reset)
+        data = msgspec.json.encode(gap_data(self.reader.stream_id, after_seq, found_seq, reset=reset))
         self.telemetry.gaps.add(1)
         await self._write(error_frame(GAP_EVENT, data))
 

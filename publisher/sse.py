@@ -7,7 +7,7 @@ is compact, so it always fits one ``data:`` line; :func:`one_line` guarantees it
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -76,3 +76,22 @@ def busy_body(retry_ms: int, reason: str) -> bytes:
     reconnect; any other status fails the connection for good.
     """
     return retry_frame(retry_ms) + comment_frame(f"busy: {reason}; reconnect after the retry delay")
+
+
+def gap_data(stream_id: str, after_seq: int, next_seq: int | None, *, reset: bool = False) -> dict[str, Any]:
+    """Return the data object of a ``stream.gap`` frame (schema/README.md, "SSE projection").
+
+    Args:
+        stream_id: The stream.
+        after_seq: The last seq the response sent (the client's position).
+        next_seq: The seq found instead of ``after_seq + 1``, or ``None``.
+        reset: The stream now holds another generation: adds ``reason: history-reset``
+            (contract 1.1), so a client knows its history is not the stream's any more.
+    """
+    data: dict[str, Any] = {"type": GAP_EVENT, "stream_id": stream_id, "after_seq": after_seq, "next_seq": next_seq}
+    if reset:
+        data["reason"] = "history-reset"
+        data["detail"] = "the stream was written again as another generation; reconnect to get the cause"
+    else:
+        data["detail"] = "stored history no longer follows this position; reconnect to get the cause"
+    return data

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, Final
 
 import msgspec
@@ -19,10 +20,11 @@ from aiohttp import web
 
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
-from publisher.problems import ProblemError
+from publisher.problems import FieldError, ProblemError
 from publisher.state import KEYS, REDIS, SETTINGS, SHARDS, STORE
+from publisher.store import HistoryChangedError
 from publisher.tokens import Scope
-from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
+from schema.contract import EPOCH_PATTERN, BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
@@ -31,6 +33,7 @@ from worker.storage import probe_write
 
 log = logging.getLogger(__name__)
 
+_EPOCH: Final = re.compile(EPOCH_PATTERN)
 READY_TIMEOUT_S: Final = 2.0
 """Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
 
@@ -45,12 +48,16 @@ def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
     return True
 
 
-async def _assemble(request: web.Request, stream_id: str,
-                    scope: Scope) -> tuple[dict[str, Any], bool, int]:
-    """Return the result of the visible stored events, whether they ran 1, 2, ... unbroken, the last seq (0: none)."""
+async def _assemble(request: web.Request, stream_id: str, scope: Scope,
+                    epoch: str) -> tuple[dict[str, Any], bool, int]:
+    """Return the result of the visible stored events, whether they ran 1, 2, ... unbroken, the last seq (0: none).
+
+    Raises:
+        HistoryChangedError: The stream holds another generation than ``epoch`` now.
+    """
     assembler, internal, last_seq = Assembler(stream_id), set[int](), 0
     whole = True
-    async for seq, data in request.app[STORE].read_json(stream_id):
+    async for seq, data in request.app[STORE].read_json(stream_id, epoch):
         whole = whole and seq == last_seq + 1
         last_seq = seq
         try:
@@ -69,7 +76,11 @@ async def stream_status(request: web.Request) -> web.Response:
     the tombstone remains (``result`` is then null). ``history_complete`` is false when
     the stored events do not run from seq 1 to the stored top without a hole (they no
     longer start at seq 1, a failover lost some, the events key is gone under its meta):
-    the result is then partial. Meta is read
+    the result is then partial. ``epoch`` is the stream's generation (contract 1.1; null
+    before its ``stream.start`` or on a stream older than 1.1); a caller that names the
+    generation it holds (``?epoch=``, the part after the ``.`` of its last SSE ``id``) and
+    finds another one gets ``history_complete: false`` too: its history is not this one.
+    Meta is read
     before the events, so a stream whose terminal event was stored between the two reads
     as ``done`` with the result's status and the last seq read.
 
@@ -78,15 +89,20 @@ async def stream_status(request: web.Request) -> web.Response:
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
+    held = _held_epoch(request)
     info = await request.app[STORE].info(stream_id)
     if not info.known:
         if not info.tomb:
             raise ProblemError("not-found", f"no stream {stream_id}")
         return web.json_response({
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
-            "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
+            "last_seq": info.tomb_last_seq, "epoch": info.epoch or None, "history_complete": False, "result": None,
         })
-    result, whole, read_seq = await _assemble(request, stream_id, scope)
+    try:
+        result, whole, read_seq = await _assemble(request, stream_id, scope, info.epoch)
+    except HistoryChangedError:  # written again while read: read the new generation once more
+        info = await request.app[STORE].info(stream_id)
+        result, whole, read_seq = await _assemble(request, stream_id, scope, info.epoch)
     meta = info.meta
     created_ms = meta.get("created_ms")
     # The events are read after meta: a terminal event stored in between is in the result but not in
@@ -100,10 +116,27 @@ async def stream_status(request: web.Request) -> web.Response:
         "provider": meta.get("provider"),
         "model": meta.get("model"),
         "created_ms": int(created_ms) if created_ms else None,
-        # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all)
-        "history_complete": whole and read_seq >= info.last_seq,
+        "epoch": info.epoch or None,
+        # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all),
+        # of the generation the caller holds when it names one
+        "history_complete": whole and read_seq >= info.last_seq and held in (None, info.epoch),
         "result": result,
     })
+
+
+def _held_epoch(request: web.Request) -> str | None:
+    """Return the ``epoch`` query parameter (the generation the caller holds), or ``None``.
+
+    Raises:
+        ProblemError: ``invalid-field`` (400) for a value that is not an epoch, or one given twice.
+    """
+    values = request.query.getall("epoch", ())
+    if not values:
+        return None
+    if len(values) > 1 or _EPOCH.fullmatch(values[0]) is None:
+        raise ProblemError("invalid-field", "epoch must be given once, as the part after the '.' of an SSE id",
+                           errors=[FieldError(field="epoch", detail="lowercase letters and digits, 1 to 32")])
+    return values[0]
 
 
 async def cancel(request: web.Request) -> web.Response:

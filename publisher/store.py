@@ -5,7 +5,14 @@ Entries are ``0-<seq>`` with field ``e`` (schema.keys). Every read is an exclusi
 position), so a position is always a concrete seq, never "the current tail". Replies are
 parsed into :class:`~publisher.entries.Entry` objects once (:mod:`publisher.entries`).
 
-Follows the Redis command pages of XRANGE, XREAD, XREVRANGE and HGETALL.
+Every page that holds entries is followed by a read of the stream's meta ``epoch``
+(``HGET``, once the entries are in): :attr:`publisher.entries.Page.epoch`. If it is
+the epoch the reader holds, the entries are that generation's: a new generation writes
+its epoch to meta with its seq 1, before any seq it could reuse, so entries read before
+an epoch that is still the reader's cannot be a later generation's (contract 1.1,
+"Generations").
+
+Follows the Redis command pages of XRANGE, XREAD, XREVRANGE, HGET, HMGET and HGETALL.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from publisher.entries import (
     ours_seq,
     parse_entry,
 )
+from schema.errors import InternalError
 from schema.keys import Keys, seq_of
 from worker.redis_client import REDIS_ERRORS
 
@@ -38,10 +46,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class HistoryChangedError(InternalError):
+    """The stream was written again as another generation while it was being read (contract 1.1)."""
+
 FIND_FIRST_COUNT: Final = 64
 """Entries of the first backward page of :meth:`Store.find_block_start`."""
 _known_top: ContextVar[tuple[str, int] | None] = ContextVar("fanout_store_known_top", default=None)
 """Per request task: ``(stream id, last_seq)`` of its last :meth:`Store.info` reply."""
+Top = tuple[int | None, str | None, bool, bytes | None]
+"""What :meth:`Store.tops` finds of one stream: top seq, meta state, top is terminal, meta epoch."""
+
+
 class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What Redis knows about a stream before any event is read."""
 
@@ -57,6 +73,11 @@ class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The tombstone (``last_seq``, ``status``), decoded (empty when missing)."""
     tomb_last_seq: int = 0
     """The tombstone's ``last_seq`` (0 when missing or not a number)."""
+
+    @property
+    def epoch(self) -> str:
+        """The stream's current generation: meta ``epoch``, else the tombstone's ('' when neither has one)."""
+        return self.meta.get("epoch") or (self.tomb.get("epoch", "") if not self.meta else "")
 
 
 def _raw_stream_list(response: Any, **options: Any) -> Any:
@@ -150,7 +171,7 @@ class Store:
         """
         count = count or self.page
         if share is None:
-            return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))
+            return await self._read_page(stream_id, after_seq, count)
         key = (share, stream_id, after_seq, count)
         shared = self._inflight.get(key)
         if shared is None:
@@ -203,11 +224,23 @@ class Store:
             "XREAD", "COUNT", self.page, "STREAMS", *keys, *(f"0-{after}" for _, after in positions))
         pairs = raw.items() if isinstance(raw, dict) else raw or ()  # RESP3 answers a map, RESP2 an array
         found = {_text(key): entries for key, entries in pairs}
-        return [entries_of(stream_id, list(found.get(key, ())))
+        read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
+        epochs = dict(zip(read, await self._epochs(read), strict=True))
+        return [entries_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""))
                 for (stream_id, _), key in zip(positions, keys, strict=True)]
 
+    async def _epochs(self, stream_ids: list[str]) -> list[bytes]:
+        """Meta ``epoch`` of each stream (``b""`` when none), read after its entries: one round trip."""
+        if not stream_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream_id in stream_ids:
+                pipe.hget(self.keys.meta(stream_id), "epoch")
+            return [epoch or b"" for epoch in await pipe.execute()]
+
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
-        return entries_of(stream_id, await self._xrange(stream_id, after_seq, count))
+        raw, epoch = await self._xrange(stream_id, after_seq, count)
+        return entries_of(stream_id, raw, epoch)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
@@ -216,10 +249,17 @@ class Store:
         if not done.cancelled():
             done.exception()
 
-    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> list[tuple[bytes, Any]]:
-        """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs."""
+    async def _xrange(self, stream_id: str, after_seq: int, count: int) -> tuple[list[tuple[bytes, Any]], bytes]:
+        """``XRANGE <events> (0-<after_seq> + COUNT <count>`` as ``(entry id, fields)`` pairs, then meta ``epoch``.
+
+        The epoch (``b""`` when meta has none) is read after the entries, and only when
+        there are some: an empty page belongs to no generation.
+        """
         raw: Any = await self.redis.xrange(self.keys.events(stream_id), f"(0-{after_seq}", "+", count=count)
-        return list(raw or [])
+        if not raw:
+            return [], b""
+        epoch: bytes | None = await self.redis.hget(self.keys.meta(stream_id), "epoch")  # type: ignore[assignment]
+        return list(raw), epoch or b""
 
     async def find_block_start(self, stream_id: str, before_seq: int, block_index: int) -> Entry | None:
         """Return the ``block.start`` of block ``block_index`` stored before ``before_seq``, or ``None``.
@@ -251,13 +291,14 @@ class Store:
             count = min(self.page, count * 4)
         return None
 
-    async def tops(self, stream_ids: list[str]) -> list[tuple[int | None, str | None, bool] | ResponseError]:
-        """Return ``(top seq or None, meta state or None, top is a terminal event)`` of each stream, in one round trip.
+    async def tops(self, stream_ids: list[str]) -> list[Top | ResponseError]:
+        """Return ``(top seq or None, meta state or None, top is a terminal event, meta epoch or None)`` of each stream.
 
-        Runs ``HGET <meta> state`` and then ``XREVRANGE <events> <top of ours> - COUNT 1``
-        per stream; the top is ``None`` when the stream holds no entry of ours, the state
-        ``None`` when meta is gone. A stream whose key answers a reply error (another
-        type, say) gets that error, so it fails only its own entry.
+        One round trip: ``HMGET <meta> state epoch`` and then ``XREVRANGE <events> <top of
+        ours> - COUNT 1`` per stream; the top is ``None`` when the stream holds no entry of
+        ours, the state ``None`` when meta is gone, the epoch ``None`` when meta has none.
+        A stream whose key answers a reply error (another type, say) gets that error, so
+        it fails only its own entry.
 
         The state is read first because a pipeline is not atomic: Redis may run another
         client's commands between two of its commands (at a read boundary of a long
@@ -268,30 +309,38 @@ class Store:
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream_id in stream_ids:
-                pipe.hget(self.keys.meta(stream_id), "state")
+                pipe.hmget(self.keys.meta(stream_id), ["state", "epoch"])
                 pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             replies = await pipe.execute(raise_on_error=False)
-        results: list[tuple[int | None, str | None, bool] | ResponseError] = []
-        for state, top in zip(replies[::2], replies[1::2], strict=True):
-            failed = next((reply for reply in (top, state) if isinstance(reply, Exception)), None)
+        results: list[Top | ResponseError] = []
+        for fields, top in zip(replies[::2], replies[1::2], strict=True):
+            failed = next((reply for reply in (top, fields) if isinstance(reply, Exception)), None)
             if failed is not None:
                 if not isinstance(failed, ResponseError):
                     raise failed
                 results.append(failed)
             else:
+                state, epoch = fields
                 results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None,
-                                bool(top) and parse_entry(*top[0]).terminal))
+                                bool(top) and parse_entry(*top[0]).terminal, epoch))
         return results
 
     async def events_exist(self, stream_id: str) -> bool:
         """Return True when the stream's events key still exists."""
         return bool(await self.redis.exists(self.keys.events(stream_id)))
 
-    async def read_json(self, stream_id: str) -> AsyncIterator[tuple[int, bytes]]:
-        """Yield ``(seq, event JSON)`` of every stored entry, paged, for the status route."""
+    async def read_json(self, stream_id: str, epoch: str) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(seq, event JSON)`` of every stored entry of generation ``epoch``, paged, for the status route.
+
+        Raises:
+            HistoryChangedError: A page was read in another generation (meta ``epoch``
+                is no longer ``epoch``): what was yielded is not one history.
+        """
         cursor = 0
         while True:
-            raw = await self._xrange(stream_id, cursor, self.page)
+            raw, found = await self._xrange(stream_id, cursor, self.page)
+            if raw and found.decode() != epoch:
+                raise HistoryChangedError(f"stream {stream_id} holds another generation now")
             for entry_id, fields in raw:
                 if not ours(stream_id, entry_id):
                     return  # a foreign id sorts above every 0-<seq>: nothing of ours follows

@@ -28,7 +28,7 @@ SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""
 
 PHASES: Final = ("replay", "live")
-GONE_CAUSES: Final = ("history-expired", "history-trimmed", "position-ahead")
+GONE_CAUSES: Final = ("history-expired", "history-trimmed", "position-ahead", "history-reset")
 REFUSALS: Final = ("too-many-connections", "shutting-down")
 ATTRIBUTE_VALUES: Final[dict[str, frozenset[str]]] = {
     "phase": frozenset(PHASES),

@@ -8,19 +8,28 @@ returns ``"delivered"``: no Redis read). Anything else asks for a read after ``f
 notification, a seq it did not expect (a lost or reordered message), or a
 resubscription. While that read is in flight, notifications that carry events wait in a
 small backlog and are applied after it, so ordering stays exactly that of the stored
-stream. No Redis, no aiohttp.
+stream.
+
+Generations (contract 1.1): the topic holds the epoch of what its live readers were
+given (:attr:`Topic.epoch`). A notification, a read or an audit that finds another one
+means the stream was written again from seq 1 (Redis restored from an older snapshot
+re-ran the job): the live readers are closed with a ``stream.gap`` (``history-reset``),
+never handed the new generation's seqs as if they continued the old one. No Redis, no aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Final, Literal
 
 from publisher.entries import Entry, entry_of
 from publisher.live import Notification
-from publisher.reader import CloseReason, Reader, Shared
+from publisher.reader import CloseReason, Reader, Shared, same_generation
+
+log = logging.getLogger("publisher.hub")
 
 BACKLOG_MAX: Final = 64
 """Notifications kept while a repair read is in flight; past it they are dropped (the
@@ -61,6 +70,8 @@ class Topic:
         """Entries accepted from notifications of the current read, offered by :meth:`flush`."""
         self.heard_s = time.monotonic()
         """Monotonic time of the last notification (for the idle-topic audit)."""
+        self.epoch: bytes | None = None
+        """The generation of what the live readers were given; ``None`` until one is known."""
         self._want_read = want_read
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(_consume)
@@ -71,28 +82,60 @@ class Topic:
         self._want_read(self)
 
     def go_live(self, reader: Reader) -> bool:
-        """Add a reader that replayed history to ``cursor``; False when it must read further."""
+        """Add a reader that replayed history to ``cursor``; False when it must read further.
+
+        A reader whose generation is not the live readers' is closed with a ``history-reset``
+        gap instead (True), and the topic reads to learn which of the two is stale.
+        """
+        if self.live and not same_generation(self.epoch, reader.epoch):
+            reader.fail_gap(None, reset=True)
+            self.kick()
+            return True
         if self.live and reader.cursor < self.fetched:
             return False
         if not self.live:
+            self.epoch = reader.epoch
             self.fetched = reader.cursor
             self.backlog.clear()
             self.staged.clear()
             self.pending = False  # a read owed after the old live set's position is not owed after this one
             if self.seen > reader.cursor:  # announced, maybe after this reader's last read
                 self.kick()
+        elif self.epoch is None:
+            self.epoch = reader.epoch
         self.live.add(reader)
         return True
 
-    def end_live(self, reason: CloseReason) -> None:
-        """Close every live reader (``gap``: each sends ``stream.gap``, then its response ends); no read is owed."""
+    def end_live(self, reason: CloseReason, *, reset: bool = False) -> None:
+        """Close every live reader (``gap``: each sends ``stream.gap``, then its response ends); no read is owed.
+
+        ``reset``: the gap is another generation (``history-reset``).
+        """
         for reader in list(self.live):
             if reason == "gap":
-                reader.fail_gap(None)
+                reader.fail_gap(None, reset=reset)
             else:
                 reader.close(reason)
         self.live.clear()
         self.pending = False
+
+    def check_generation(self, found: bytes | None, *, proven: bool = True) -> bool:
+        """Take the epoch a notification, read or audit found; False (live readers closed) when it is another.
+
+        Args:
+            found: The epoch found (``None``: the source does not say).
+            proven: ``found`` comes with entries of the stream (or from meta): an unknown
+                topic epoch learns it. A seq-only notification of an unknown topic
+                proves nothing about its live readers' entries and is only compared.
+        """
+        if same_generation(self.epoch, found):
+            if self.epoch is None and proven and found:  # b"" (no epoch: an old writer's stream) names none
+                self.epoch = found
+            return True
+        log.warning("stream %s: stored history is another generation (epoch %r, live readers hold %r)",
+                    self.stream_id, found, self.epoch)
+        self.end_live("gap", reset=True)
+        return False
 
     def resubscribed(self) -> None:
         """Handle a subscribe confirmation; after the first, notifications may have been lost."""
@@ -114,7 +157,11 @@ class Topic:
         self.heard_s = time.monotonic()
         top = note.last_seq if note is not None else UNKNOWN_TOP
         self.seen = max(self.seen, top)
-        if not self.live or top <= self.fetched:
+        if not self.live:
+            return "ignored"
+        if note is not None and not self.check_generation(note.epoch, proven=note.events is not None):
+            return "ignored"
+        if top <= self.fetched:
             return "ignored"
         if self.reading or self.pending:
             if note is not None and note.events is not None and len(self.backlog) < BACKLOG_MAX:
@@ -171,8 +218,8 @@ class Topic:
     def _entries(self, note: Notification) -> list[Entry]:
         assert note.events is not None
         skip = max(0, self.fetched + 1 - note.first_seq)
-        first = note.first_seq + skip
-        return [entry_of(first + index, raw) for index, raw in enumerate(note.events[skip:])]
+        first, epoch = note.first_seq + skip, self.epoch or b""
+        return [entry_of(first + index, raw, epoch) for index, raw in enumerate(note.events[skip:])]
 
 
 def _consume(future: asyncio.Future[None]) -> None:

@@ -13,13 +13,16 @@ no meta, no events, no tombstone                            404 ``not-found``
 ``?resume=1`` and the stream ended (or only its tombstone)  204: nothing to resume
 events expired (tombstone only), no ``resume``              410 ``history-expired``
 history no longer starts at seq 1                           410 ``history-trimmed``
+the first page read belongs to another generation          410 ``history-reset``
 otherwise                                                   200 ``text/event-stream``
 ==========================================================  ======================
 
 ``?resume=1`` is the reconnect request of the SDK's transport (``reconnectToStream``,
 whose convention is 204 when no stream is active). A gap found mid-response (history
-vanished) sends an ``error`` chunk and ends without ``[DONE]``; a reader dropped at
-shutdown or on overflow ends without ``[DONE]`` too, and its client reconnects.
+vanished, or the stream was written again as another generation: contract 1.1) sends an
+``error`` chunk and ends without ``[DONE]``; a reader dropped at shutdown or on overflow
+ends without ``[DONE]`` too, and its client reconnects. Every request starts from seq 1,
+so a reconnect after a reset rebuilds the message from the new generation.
 
 Follows the AI SDK's "Stream Protocols" page and WHATWG HTML "9.2 Server-sent events".
 """
@@ -34,8 +37,8 @@ from typing import Final
 from aiohttp import web
 
 from publisher.auth import authorize_read
-from publisher.entries import Entry
-from publisher.events import check_first_page
+from publisher.entries import Entry, Page
+from publisher.events import check_first_page, reader_epoch
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
@@ -89,12 +92,13 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
         if not info.known:
             raise ProblemError("history-expired", "the stream ended and its events expired",
                                extensions={"last_seq": info.tomb_last_seq})
-        reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request))
+        reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request),
+                        epoch=reader_epoch(info))
         hub = request.app[HUB]
         try:
             await hub.join(reader)
             page = await request.app[STORE].read_after(stream_id, 0)
-            await check_first_page(request, stream_id, info, 0, page)
+            await check_first_page(request, info, page, reader)
             return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq)
         finally:
             hub.leave(reader)
@@ -137,7 +141,7 @@ class UIWriter:
         return b"".join(out)
 
 
-async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: list[Entry],
+async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: Page,
                  known_top: int) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=UI_HEADERS)
     await response.prepare(request)
@@ -163,10 +167,13 @@ class _UISession:
         self.settings = request.app[SETTINGS]
         self.last_write = time.monotonic()
 
-    async def replay(self, page: list[Entry]) -> bool:
+    async def replay(self, page: Page) -> bool:
         """Send history until the reader is live; return True when the response must end."""
         store, stale = self.app[STORE], False
         while True:
+            if not self.reader.adopt(page, page.epoch):  # the stream was written again meanwhile
+                await self.gap(reset=True)
+                return True
             for entry in page:
                 if entry.seq != self.reader.cursor + 1:
                     await self.gap()
@@ -195,7 +202,7 @@ class _UISession:
                 if await self.send([entry, *self.reader.take_queued()]):
                     return
             elif self.reader.closed == "gap":
-                await self.gap()
+                await self.gap(reset=self.reader.reset)
                 return
             elif self.reader.closed is not None:
                 return
@@ -209,10 +216,16 @@ class _UISession:
             await self.write(data)
         return self.writer.translator.finished
 
-    async def gap(self) -> None:
-        """Tell the client that stored history no longer follows (an ``error`` chunk, no ``[DONE]``)."""
-        log.warning("ui stream %s: history gap after seq %d", self.reader.stream_id, self.reader.cursor)
-        text = "stream.gap: stored history no longer follows this stream; reconnect to get the cause"
+    async def gap(self, *, reset: bool = False) -> None:
+        """Tell the client that stored history no longer follows (an ``error`` chunk, no ``[DONE]``).
+
+        ``reset``: the stream was written again as another generation (contract 1.1).
+        """
+        log.warning("ui stream %s: history gap after seq %d (reset: %s)", self.reader.stream_id, self.reader.cursor,
+                    reset)
+        text = ("stream.gap: history-reset: the stream was written again as another generation; reconnect to "
+                "read it from the start" if reset else
+                "stream.gap: stored history no longer follows this stream; reconnect to get the cause")
         await self.write(chunk_frame({"type": "error", "errorText": text}))
 
     async def write(self, data: bytes) -> None:

@@ -2,8 +2,11 @@
 // The fanout demo page. A person picks a recorded case; POST /demo/streams submits the job on the
 // page's behalf (demo mode only) and answers a stream id and a read token. Contract events arrive
 // over native EventSource with the token in the query (EventSource cannot set headers). "Drop"
-// closes the connection and opens a new one from the last seq held (last_event_id, the query twin
-// of Last-Event-ID); a network cut makes the browser reconnect by itself with Last-Event-ID.
+// closes the connection and opens a new one from the id of the last event held (last_event_id, the
+// query twin of Last-Event-ID: <seq>.<epoch>); a network cut makes the browser reconnect by itself
+// with Last-Event-ID. A stream written again as another generation (a stream.gap with reason
+// history-reset, or a 410 history-reset) is shown again from its start: never the old answer's
+// first half glued to the new one's second half.
 // Text, reasoning and refusals render as Markdown (marked), sanitized by DOMPurify; raw HTML from a
 // model is shown as text, never parsed. The DOM is rendered at most once per animation frame.
 
@@ -14,11 +17,12 @@ const DROP_RECONNECT_MS = 300;
 
 const blocks = new Map();   // index -> {kind, text, signature, open, name, callId, redacted, parsed, el, body}
 const state = {
-  streamId: null, token: null, status: "idle", lastSeq: null, events: 0, renders: 0, connections: 0,
+  streamId: null, token: null, status: "idle", lastSeq: null, lastId: null, events: 0, renders: 0, connections: 0,
   terminal: null, finish: null, error: null, usage: null, resumes: [], log: [], dirty: new Set(), scheduled: false,
 };
 let source = null;          // the EventSource in use; events of any other are ignored
 let pendingResume = null;   // seq held when the next connection opens as a resume
+let resets = 0;             // times the stream was shown again from its start (history-reset)
 let reconnectTimer = null;
 let catalogue = [];
 
@@ -90,7 +94,8 @@ function render() {
   $("status").textContent = state.status; $("status").dataset.state = state.status;
   $("position").textContent = `seq ${state.lastSeq ?? "–"}`;
   $("connections").textContent = `connections ${state.connections}`;
-  $("resumed").textContent = state.resumes.length ? `resumed after seq ${state.resumes.join(", ")}` : "";
+  const resumed = state.resumes.length ? `resumed after seq ${state.resumes.join(", ")}` : "";
+  $("resumed").textContent = resets ? `${resumed}${resumed ? " · " : ""}history reset ${resets}×, shown from its start` : resumed;
   $("drop").disabled = !source || Boolean(state.terminal);
   $("outcome").textContent = outcome();
   const log = $("log");
@@ -137,9 +142,10 @@ function eventsUrl() {
 }
 
 function connect(resumeFrom) {
-  const src = new EventSource(resumeFrom === null ? eventsUrl() : `${eventsUrl()}&last_event_id=${resumeFrom}`);
+  const url = resumeFrom === null ? eventsUrl() : `${eventsUrl()}&last_event_id=${encodeURIComponent(resumeFrom)}`;
+  const src = new EventSource(url);
   source = src;
-  pendingResume = resumeFrom;
+  pendingResume = resumeFrom === null ? null : state.lastSeq;
   src.onopen = () => {
     if (src !== source) return;
     state.connections += 1;
@@ -152,14 +158,16 @@ function connect(resumeFrom) {
     if (src !== source) return;
     const ev = JSON.parse(msg.data);
     if (state.lastSeq !== null && ev.seq <= state.lastSeq) return;   // never apply twice
-    state.lastSeq = ev.seq;
+    state.lastSeq = ev.seq; state.lastId = msg.lastEventId || String(ev.seq);
     state.events += 1;
     apply(ev);
   };
   for (const type of EVENT_TYPES) src.addEventListener(type, onEvent);
-  src.addEventListener("stream.gap", () => {
+  src.addEventListener("stream.gap", (msg) => {
     if (src !== source) return;
-    state.status = "history lost"; src.close(); source = null; note("stream.gap: the history before this point expired");
+    src.close(); source = null;
+    if (JSON.parse(msg.data).reason === "history-reset") { restart(); return; }
+    state.status = "history lost"; note("stream.gap: the history before this point expired");
   });
   src.onerror = () => {
     if (src !== source || state.terminal) return;
@@ -167,18 +175,45 @@ function connect(resumeFrom) {
       state.status = "reconnecting"; pendingResume = state.lastSeq ?? 0;
       note(`connection lost after seq ${state.lastSeq ?? 0}; the browser reconnects with Last-Event-ID`);
     } else {
-      state.status = "closed"; source = null;
-      note("the publisher refused the connection (expired token or unknown stream?)");
+      source = null;
+      refused(url);
     }
   };
+}
+
+// EventSource gives up on any answer but a 200 event stream without saying which: ask the same URL
+// once more for its problem document, and say why (or start again on a history-reset).
+async function refused(url) {
+  let problem = null;
+  try {
+    const resp = await fetch(url.replace(/last_event_id=[^&]*/, `last_event_id=${encodeURIComponent(state.lastId ?? "")}`));
+    problem = resp.status === 200 ? null : await resp.json();
+    if (resp.status === 200) resp.body?.cancel();
+  } catch { problem = null; }
+  const kind = (problem?.type ?? "").split("/").pop();
+  if (kind === "history-reset") { restart(); return; }
+  state.status = "closed";
+  note(problem ? `the publisher refused the connection: ${problem.title} (${problem.detail})`
+               : "the publisher refused the connection (expired token or unknown stream?)");
+}
+
+// The stream was written again as another generation: what is shown is not its history any more.
+function restart() {
+  resets += 1;
+  blocks.clear(); $("blocks").replaceChildren();
+  Object.assign(state, { status: "connecting", lastSeq: null, lastId: null, terminal: null, finish: null, error: null,
+                         usage: null });
+  note("history reset: the stream was written again as another generation; showing it from its start");
+  connect(null);
+  scheduleRender();
 }
 
 function drop() {
   if (!source || state.terminal) return;
   source.close(); source = null;
-  const held = state.lastSeq ?? 0;
+  const held = state.lastId ?? "0";
   state.status = "reconnecting";
-  note(`dropped the connection after seq ${held}; resuming from it`);
+  note(`dropped the connection after seq ${state.lastSeq ?? 0}; resuming from it`);
   reconnectTimer = setTimeout(() => { reconnectTimer = null; connect(held); }, DROP_RECONNECT_MS);
 }
 
@@ -186,7 +221,7 @@ function follow(streamId, token, name) {
   if (source) source.close();
   source = null; clearTimeout(reconnectTimer);
   blocks.clear(); $("blocks").replaceChildren(); $("log").replaceChildren();
-  Object.assign(state, { streamId, token, status: "connecting", lastSeq: null, events: 0, connections: 0, terminal: null,
+  Object.assign(state, { streamId, token, status: "connecting", lastSeq: null, lastId: null, events: 0, connections: 0, terminal: null,
                          finish: null, error: null, usage: null, resumes: [], log: [] });
   state.dirty.clear();
   $("stream").hidden = false;

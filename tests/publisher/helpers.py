@@ -114,9 +114,11 @@ def text_stream(sid: str, deltas: int, *, end: str = "done") -> list[Event]:
 class StreamWriter:
     """Writes one stream's entries as a worker would (without the fencing script)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, sid: str) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, sid: str, *, epoch: bytes = b"") -> None:
         self.redis, self.keys, self.sid = redis, keys, sid
         self.mode: LiveMode | None = None
+        self.epoch = epoch
+        """The generation written (meta ``epoch`` at seq 1, on every notification); ``b""``: none, as before 1.1."""
 
     async def meta(self, **fields: Any) -> None:
         base = {"state": "running", "provider": "openai_chat", "model": "m", "created_ms": now_ms(), "last_seq": 0}
@@ -131,6 +133,8 @@ class StreamWriter:
             await self.redis.xadd(self.keys.events(self.sid), {"e": encode_event(event)}, id=f"0-{event.seq}",
                                   maxlen=maxlen, approximate=False)
             fields: dict[str, Any] = {"last_seq": event.seq}
+            if event.seq == 1 and self.epoch:
+                fields["epoch"] = self.epoch
             if is_terminal(event):
                 fields.update(state="done", status=terminal_status(event))
             await self.redis.hset(self.keys.meta(self.sid), mapping=fields)
@@ -139,8 +143,8 @@ class StreamWriter:
 
     async def notify(self, last_seq: int, events: list[bytes] | None = None) -> None:
         """Publish one live notification: seq-only, or carrying ``events`` (ending at ``last_seq``)."""
-        payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30) if events
-                   else str(last_seq).encode())
+        payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30, self.epoch) if events
+                   else encode_notification(last_seq, [b""], 0, self.epoch))
         self.mode = self.mode or await live_mode(self.redis)
         await publish_live(self.redis, self.mode, self.keys.live(self.sid), payload)
 

@@ -156,7 +156,7 @@ async def test_reader_far_behind_catches_up_while_others_keep_up(ctx):
 
 
 class _HeldAudit:
-    """Forwards to the real client; once armed, holds the next audit pipeline (``XREVRANGE``, ``HGET``) after it ran."""
+    """Forwards to the real client; once armed, holds the next audit pipeline (``HMGET``, ``XREVRANGE``) once run."""
 
     def __init__(self, inner: Any, hold_s: float) -> None:
         self._inner, self._hold_s = inner, hold_s
@@ -185,7 +185,7 @@ class _HeldPipeline:
         await self._inner.__aexit__(*exc)
 
     async def execute(self, **kwargs: Any) -> Any:
-        audit = any(args[0] == "HGET" for args, _ in self._inner.command_stack)
+        audit = any(args[0] == "HMGET" for args, _ in self._inner.command_stack)
         result = await self._inner.execute(**kwargs)
         if audit and self._owner.armed and not self._owner.held.is_set():
             self._owner.held.set()

@@ -304,6 +304,6 @@ async def test_tops_gives_a_broken_key_its_own_error(redis_client, keys, topolog
     await redis_client.hset(keys.meta("st_ok"), "state", "running")
     await redis_client.set(keys.events("st_str"), "x")
     ok, broken, missing = await store.tops(["st_ok", "st_str", "st_missing"])
-    assert (ok, missing) == ((1, "running", False), (None, None, False))
+    assert (ok, missing) == ((1, "running", False, None), (None, None, False, None))
     assert isinstance(broken, Exception)
     assert "WRONGTYPE" in str(broken)

@@ -94,7 +94,7 @@ async def test_a_repeated_last_event_id_parameter_is_400(ctx, query):
         assert ids(await SSEClient(resp).events()) == [3, 4, 5, 6, 7]  # once is fine
 
 
-@pytest.mark.parametrize("position", ["abc", "-1", "1.5", "+3", "0x10", "\uff11", "9" * 65])
+@pytest.mark.parametrize("position", ["abc", "-1", "1.5.5", "1.A", "+3", "0x10", "\uff11", "9" * 65])
 async def test_position_not_a_non_negative_integer_is_400(ctx, position):
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 1))
     async with await get_events(ctx.http, ctx.server, ctx.sid, {"Last-Event-ID": position}) as resp:

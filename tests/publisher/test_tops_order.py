@@ -134,9 +134,9 @@ async def test_a_stream_ending_between_the_pipelined_reads_never_reads_as_done_b
                 proxy.release.set()
                 (found,) = await read
             assert not isinstance(found, Exception)
-            top, state, terminal = found
+            top, state, terminal, epoch = found
             # state first: it still read "running", and the top read after it holds the terminal event
-            assert (top, state, terminal) == (2, "running", True)
-            assert await store.tops([SID]) == [(2, "done", True)]
+            assert (top, state, terminal, epoch) == (2, "running", True, None)
+            assert await store.tops([SID]) == [(2, "done", True, None)]
         finally:
             await client.aclose()
