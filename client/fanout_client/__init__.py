@@ -15,6 +15,7 @@ from fanout_client.client import FanoutClient as FanoutClient
 from fanout_client.client import Submission as Submission
 from fanout_client.contract import Event as Event
 from fanout_client.errors import FanoutError as FanoutError
+from fanout_client.errors import HistoryResetError as HistoryResetError
 from fanout_client.errors import PublisherUnreachableError as PublisherUnreachableError
 from fanout_client.errors import StreamUnavailableError as StreamUnavailableError
 from fanout_client.reducer import AssembledResult as AssembledResult

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from fanout_client.client import NOT_A_ROUTE, FanoutClient, base_url_problem
-from fanout_client.contract import PROVIDERS, encode_event
+from fanout_client.contract import PROVIDERS, encode_event, parse_event_id
 from fanout_client.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -35,6 +35,7 @@ from fanout_client.errors import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     CommandError,
+    HistoryResetError,
     PublisherUnreachableError,
     StreamUnavailableError,
 )
@@ -61,10 +62,13 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     """The subcommand, for messages."""
 
 
-def _seq(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a seq, a whole number >= 0 (got {text!r})")
-    return int(text)
+def _seq(text: str) -> str:
+    try:
+        parse_event_id(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an event id: a seq (a whole number >= 0) or <seq>.<epoch> as "
+                                         f"SSE ids are (got {text!r})") from None
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -90,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("stream_id", help="the stream's id (submit prints it)")
         parser.add_argument("--token", help="the stream's read token (env FANOUT_TOKEN; default: read with the "
                                             "API key)")
-        parser.add_argument("--last-event-id", type=_seq, metavar="SEQ",
-                            help="the last seq already held: print only the events after it")
+        parser.add_argument("--last-event-id", type=_seq, metavar="ID",
+                            help="the id of the last event already held (SEQ or SEQ.EPOCH, as SSE ids are): "
+                                 "print only the events after it")
         parser.add_argument("--result", action="store_true",
                             help="print only the whole stream's assembled result once it ended (with "
                                  "--last-event-id too: it waits from there, then the result comes from "
@@ -185,7 +190,7 @@ async def _submit(args: argparse.Namespace, target: Target) -> int:
     return await _tail(target, sub.stream_id, sub.token, None, result_only=False)
 
 
-async def _tail(target: Target, stream_id: str, token: str | None, last: int | None, *, result_only: bool) -> int:
+async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool) -> int:
     credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
     async with FanoutClient(target.url, api_key=target.api_key) as client:
@@ -248,6 +253,8 @@ def refusal(exc: StreamUnavailableError, target: Target, credential: Credential,
         return CommandError(f"{exc.message}; the URL comes from {target.url_source}", exit_status=EXIT_REFUSED)
     if exc.status == 401:
         return CommandError(_unauthorized(exc, target, credential, stream_id), exit_status=EXIT_REFUSED)
+    if isinstance(exc, HistoryResetError):
+        return CommandError(f"{exc.message}; read the stream again without --last-event-id", exit_status=EXIT_REFUSED)
     if exc.status == 400 and "position" in str(exc.problem.get("type", "")):
         return CommandError(f"{exc.message} (check --last-event-id)", exit_status=EXIT_USAGE)
     if exc.status == 404 and stream_id is not None:

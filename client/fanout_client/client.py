@@ -26,11 +26,13 @@ import aiohttp
 import msgspec
 from yarl import URL
 
-from fanout_client.contract import Event, decode_event, is_terminal
-from fanout_client.errors import PublisherUnreachableError, StreamUnavailableError
+from fanout_client.contract import Event, decode_event, is_terminal, parse_event_id
+from fanout_client.errors import HistoryResetError, PublisherUnreachableError, StreamUnavailableError
 from fanout_client.reducer import AssembledResult, Assembler
 from fanout_client.sse import SSEParser
 
+MAX_RESETS: Final = 3
+"""Most restarts of :meth:`FanoutClient.result` after a ``history-reset`` (contract 1.1)."""
 DEFAULT_RETRY_MS: Final = 1000
 """Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
 MAX_BACKOFF_S: Final = 30.0
@@ -183,7 +185,7 @@ class FanoutClient:
         stream_id: str,
         *,
         token: str | None = None,
-        last_event_id: int | None = None,
+        last_event_id: int | str | None = None,
         events_url: str | None = None,
     ) -> AsyncIterator[Event]:
         """Yield the stream's events after ``last_event_id``, resuming by itself on disconnect.
@@ -191,7 +193,9 @@ class FanoutClient:
         Args:
             stream_id: The stream to follow.
             token: Its read token (else the API key is used).
-            last_event_id: The last seq already held; ``None`` starts at the beginning.
+            last_event_id: The SSE ``id`` of the last event already held (``<seq>.<epoch>``,
+                or a bare seq, which the publisher does not check against the stream's
+                generation); ``None`` starts at the beginning.
             events_url: The URL from the submission (default ``/v1/streams/{id}/events``).
 
         Yields:
@@ -199,13 +203,17 @@ class FanoutClient:
             Ends after the terminal event, or at once on ``204`` (already complete).
 
         Raises:
+            HistoryResetError: The stream was written again as another generation while
+                it was followed (or ``last_event_id`` names another one): the events
+                yielded so far are not its history; read it again from the start.
             StreamUnavailableError: 400/401/403/404/410 from the publisher.
             PublisherUnreachableError: The first connection could not be made at all
                 (refused, unknown host), or more than ``max_reconnects`` consecutive
                 reconnects failed.
         """
         url = self._url(events_url or f"/v1/streams/{stream_id}/events")
-        position, retry_ms, failures, connected = last_event_id, DEFAULT_RETRY_MS, 0, False
+        position = None if last_event_id is None else str(last_event_id)
+        retry_ms, failures, connected = DEFAULT_RETRY_MS, 0, False
         while True:
             conn = _Connection()
             try:
@@ -234,11 +242,11 @@ class FanoutClient:
             await asyncio.sleep(_backoff_s(retry_ms, failures))
 
     async def _one_connection(
-        self, url: str, token: str | None, position: int | None, conn: _Connection
-    ) -> AsyncIterator[tuple[int | None, Event | None, int | None]]:
+        self, url: str, token: str | None, position: str | None, conn: _Connection
+    ) -> AsyncIterator[tuple[str | None, Event | None, int | None]]:
         headers = {**self._auth(token), "Accept": "text/event-stream"}
         if position is not None:
-            headers["Last-Event-ID"] = str(position)
+            headers["Last-Event-ID"] = position
         async with self._request("GET", url, headers=headers) as resp:
             conn.connected = True
             if resp.status == 204:
@@ -251,15 +259,26 @@ class FanoutClient:
                 for message in parser.feed(chunk):
                     data = message.data
                     event = decode_event(data) if data is not None and message.event != "stream.gap" else None
-                    frame_id = int(message.id) if message.id and message.id.isdigit() else None
-                    yield frame_id, event, message.retry_ms
+                    yield _event_id(message.id), event, message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
-        """Follow the stream to its end and return the assembled result."""
-        assembler = Assembler(stream_id)
-        async for event in self.events(stream_id, token=token):
-            assembler.apply(event)
-        return assembler.result()
+        """Follow the stream to its end and return the assembled result.
+
+        A stream written again as another generation meanwhile (:class:`HistoryResetError`)
+        is assembled again from its start, at most :data:`MAX_RESETS` times, so the result
+        is always one generation's.
+        """
+        for attempt in range(MAX_RESETS + 1):
+            assembler = Assembler(stream_id)
+            try:
+                async for event in self.events(stream_id, token=token):
+                    assembler.apply(event)
+            except HistoryResetError:
+                if attempt == MAX_RESETS:
+                    raise
+                continue
+            return assembler.result()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @contextlib.asynccontextmanager
     async def _request(self, method: str, path_or_url: str, **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
@@ -286,6 +305,8 @@ class FanoutClient:
             detail = f"{detail} ({fields})"
         if resp.status == 404 and (self._ends_in_v1() or not _about_a_stream(problem)):
             detail = f"{resp.method} {resp.url.path} {NOT_A_ROUTE}: {self._root_hint()}"
+        if resp.status == 410 and str(problem.get("type", "")).endswith("/history-reset"):
+            raise HistoryResetError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
         raise StreamUnavailableError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
 
     def _ends_in_v1(self) -> bool:
@@ -296,6 +317,17 @@ class FanoutClient:
         if self._ends_in_v1():
             return f"give the publisher's root URL without /v1 ({self.base_url[:-3]})"
         return f"is {self.base_url} the publisher's root URL (e.g. http://127.0.0.1:8080)?"
+
+
+def _event_id(text: str | None) -> str | None:
+    """Return an SSE ``id`` worth sending back as ``Last-Event-ID`` (``<seq>`` or ``<seq>.<epoch>``), else ``None``."""
+    if not text:
+        return None
+    try:
+        parse_event_id(text)
+    except ValueError:
+        return None
+    return text
 
 
 class _Connection:

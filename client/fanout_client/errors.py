@@ -2,7 +2,8 @@
 
 :class:`FanoutError` is the root the whole project shares (the server's tree is drawn in
 ``schema/errors.py``); it lives here so the client distribution needs nothing else.
-The client raises :class:`StreamUnavailableError` (the publisher refused a stream),
+The client raises :class:`StreamUnavailableError` (the publisher refused a stream;
+:class:`HistoryResetError` when the stream was written again as another generation),
 :class:`PublisherUnreachableError` (no connection), :class:`SSEProtocolError` (a body that
 is not the publisher's SSE), and its commands :class:`CommandError` (a user mistake,
 printed as one line with an exit status). Pure: imports only the contract.
@@ -87,6 +88,16 @@ class StreamUnavailableError(FanoutError):
         super().__init__(message, category="not_found" if status == 404 else "invalid_request")
         self.status = status
         self.problem = problem or {}
+
+
+class HistoryResetError(StreamUnavailableError):
+    """``410 history-reset``: the stream was written again as another generation (contract 1.1).
+
+    The events the caller holds are not the stream's history any more (Redis was restored
+    from an older snapshot and the job ran again). Start over: read the stream again
+    from the beginning, without a ``Last-Event-ID``, and drop what was assembled so far.
+    ``problem["epoch"]`` is the stream's current epoch.
+    """
 
 
 class PublisherUnreachableError(StreamUnavailableError):

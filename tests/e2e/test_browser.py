@@ -27,8 +27,12 @@ import pytest
 
 from fanout_client import FanoutClient
 from publisher.stack import LocalStack
+from schema.contract import parse_event_id
+from schema.keys import Keys
 from schema.reducer import reduce
+from tests.conftest import client_for
 from tests.e2e.proxy import CuttingProxy
+from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop
 from worker.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +188,7 @@ async def test_drop_resumes_from_last_seq_and_status_returns_to_streaming(stack:
             await page.screenshot(path=f"{SCREENSHOTS}/demo-end.png", full_page=True)
     event_requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
     assert len(event_requests) == 2, event_requests
-    assert f"last_event_id={held}" in event_requests[1]
+    assert f"last_event_id={held}." in event_requests[1]  # the id held: <seq>.<epoch>
     assert state["resumes"] == [held]
     assert log == ["connection 1 open", f"seq 1 stream.start: {provider} slow-{case}",
                    f"dropped the connection after seq {held}; resuming from it",
@@ -230,8 +234,10 @@ async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalSta
     # the last event it dispatched, one of the four relayed.
     resumed = [line for line in event_requests[1].lower().split("\r\n") if line.startswith("last-event-id:")]
     assert resumed, event_requests[1]
-    assert 1 <= int(resumed[0].split(":")[1]) <= 4
-    assert state["resumes"] == [int(resumed[0].split(":")[1])]
+    seq, epoch = parse_event_id(resumed[0].split(":")[1].strip())
+    assert 1 <= seq <= 4
+    assert epoch is not None  # the browser sends back the id it held: <seq>.<epoch>
+    assert state["resumes"] == [seq]
     assert state["status"] == "completed"
     assert state["texts"] == golden_blocks(directory, case)
     assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
@@ -263,3 +269,35 @@ async def test_renders_at_most_once_per_frame_however_fast_deltas_arrive(redis_u
         state = await finished_state(page)
     assert state["texts"] == golden_blocks(directory, case)
     assert state["renders"] < state["events"], state
+
+
+async def test_a_stream_written_again_under_the_page_is_shown_again_from_its_start(stack: LocalStack,
+                                                                                    browser: Any) -> None:
+    """Redis restored from an older snapshot re-runs a job: the page drops what it showed and starts over."""
+    provider, _directory, case = CASE
+    stream_id, token = await submit(stack, provider, f"slow-{case}")
+    page = await new_page(browser)
+    await page.goto(f"{stack.base_url}/demo?stream_id={stream_id}&token={token}")
+    await page.wait_for_function("window.fanoutDemo && window.fanoutDemo.state.lastSeq >= 3", timeout=30_000)
+    first = await page.evaluate("fanoutDemo.state.lastId")
+    redis = client_for(stack.redis_url)
+    try:  # the stream's keys as a restore leaves them, then a new generation written from seq 1
+        keys = Keys(stack.prefix)
+        async with redis.pipeline(transaction=True) as pipe:  # at once: the worker of the first one is fenced out
+            pipe.delete(keys.events(stream_id), keys.meta(stream_id))
+            pipe.hset(keys.meta(stream_id), mapping={"state": "running", "last_seq": 0, "token": 99})
+            await pipe.execute()
+        again = StreamWriter(redis, keys, stream_id, epoch=b"5ec0nd5ec0")
+        await again.append(start(stream_id), block_start(stream_id, 2, 0), delta(stream_id, 3, 0, "Second answer."),
+                           stop(stream_id, 4, 0), done(stream_id, 5), full=True)
+    finally:
+        await redis.aclose()
+    state = await finished_state(page)
+    log = await page.locator("#log li").all_text_contents()
+    assert first.split(".")[1] != "5ec0nd5ec0"
+    assert state["status"] == "completed"
+    assert state["texts"] == ["Second answer."]  # nothing of the first generation is left on the page
+    assert any(line.startswith("history reset:") for line in log), log
+    assert await page.evaluate("fanoutDemo.state.lastId") == "5.5ec0nd5ec0"
+    assert "history reset 1\u00d7" in await page.inner_text("#resumed")
+    assert page.errors == []

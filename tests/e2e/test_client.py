@@ -17,7 +17,7 @@ import pytest
 from fanout_client import FanoutClient, PublisherUnreachableError, StreamUnavailableError
 from fanout_client.client import _backoff_s
 from publisher.stack import LocalStack, free_port
-from schema.contract import StreamDone, is_terminal
+from schema.contract import StreamDone, is_terminal, parse_event_id
 from schema.reducer import reduce
 from schema.validate import validate
 from tests.conftest import TOPOLOGIES
@@ -71,7 +71,9 @@ async def test_client_resumes_by_itself_after_a_cut_without_loss_or_repeat(stack
     heads = [r.lower() for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
     resumed = [line for line in heads[1].split("\r\n") if line.startswith("last-event-id:")]
     assert resumed, heads[1]
-    assert 1 <= int(resumed[0].split(":")[1]) <= 3  # the last event received before the cut
+    seq, epoch = parse_event_id(resumed[0].split(":")[1].strip())
+    assert 1 <= seq <= 3  # the last event received before the cut, with its generation
+    assert epoch == events[0].epoch
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert comparable(events) == golden(directory, case)
 
