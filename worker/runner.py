@@ -44,7 +44,7 @@ from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.redis_client import RedisClient
-from worker.redis_faults import fault_fields
+from worker.redis_faults import fault_fields, fault_kind
 from worker.settings import WorkerSettings
 from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
@@ -163,7 +163,8 @@ class Worker:
                 entries = await self._next_entries(stream)
             except redis.exceptions.RedisError as exc:
                 self.ctx.telemetry.redis_error(exc)
-                log.error("event=intake_failed stream=%s %s", stream, fault_fields(exc))
+                level = logging.ERROR if fault_kind(exc) == "permanent" else logging.WARNING
+                log.log(level, "event=intake_failed stream=%s %s", stream, fault_fields(exc))
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
             for entry in entries:
