@@ -26,6 +26,7 @@ from schema.reducer import Assembler, result_to_builtins
 
 log = logging.getLogger(__name__)
 
+
 def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
     if scope == "internal":
         return True

@@ -90,8 +90,8 @@ class JobRun(JobStorage):
         """
         job = self.job
         claim = await self._claim()
-        if claim is None:
-            return "skipped"
+        if not isinstance(claim, Claim):
+            return claim
         if claim.done:
             await self._ack()
             self.telemetry.job_ended("skipped")
@@ -115,12 +115,13 @@ class JobRun(JobStorage):
                  job.provider, outcome, terminal.status if terminal else "-", self._attempts)
         return outcome
 
-    async def _claim(self) -> Claim | None:
-        """Claim the stream, retried like a write (:func:`worker.storage.with_retry`); ``None`` once acked.
+    async def _claim(self) -> Claim | Outcome:
+        """Claim the stream, retried like a write (:func:`worker.storage.with_retry`).
 
         A retried claim whose first try was applied only moves the token one further (the
         claim count then includes it). A claim Redis refuses for good (``WRONGTYPE`` on
-        meta) acks the job; a transient or pressure fault past the window raises.
+        meta) acks the job (``skipped``); a shutdown while retrying leaves it pending
+        (``abandoned``); a transient or pressure fault past the window raises.
 
         Raises:
             redis.exceptions.RedisError: Redis still failing past the window (the job stays pending).
@@ -131,14 +132,16 @@ class JobRun(JobStorage):
             return await with_retry(
                 lambda: self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
                                               entry_id=self.entry_id, now_ms=self._claim_ms),
-                policy=self.ctx.appender.retry, sleep=asyncio.sleep, what="claim", stream_id=job.stream_id)
+                policy=self.ctx.appender.retry, sleep=self._storage_sleep, what="claim", stream_id=job.stream_id)
+        except Stopped:
+            return "abandoned"
         except StorageRefusedError as exc:
             cause = exc.__cause__
             if cause is not None and fault_kind(cause) != "permanent":
                 raise cause from None  # OOM past the window: leave the job pending, as Redis being down does
             log.error("event=claim_refused stream_id=%s action=ack", job.stream_id)
             await self._ack()
-            return None
+            return "skipped"
 
     async def _drive(self, claim: Claim) -> Outcome:
         try:

@@ -9,16 +9,19 @@ and in ``fanout health``'s output for the operator, which gives the same cause.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import aiohttp
 import pytest
 
 from schema.keys import Keys
+from schema.redis_replies import FaultKind
 from tests.faults.refusals import Busy, Loading, MasterDown, NoReplicas, ReadOnly, Refusal
 from tests.publisher.helpers import make_settings, running_publisher
 from tests.redis_servers import RedisServer, redis_node
@@ -106,3 +109,11 @@ async def test_readyz_of_a_stopped_redis_says_unreachable_and_logs_where(caplog:
     assert code == 1
     assert f"redis at {server.url}: unreachable [transient]" in err  # the operator's tool names where
     assert any(str(server.port) in r.getMessage() for r in caplog.records if "event=not_ready" in r.getMessage())
+
+
+def test_openapi_documents_the_members_of_the_readyz_problem() -> None:
+    doc = json.loads((ROOT / "openapi.json").read_text())
+    members = doc["components"]["schemas"]["Problem"]["properties"]
+    assert {"dependency", "cause", "fault"} <= set(members)
+    assert set(members["fault"]["enum"]) == set(get_args(FaultKind))
+    assert "`dependency`, `cause` and `fault`" in doc["paths"]["/readyz"]["get"]["responses"]["503"]["description"]
