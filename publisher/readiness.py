@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from typing import Final, NamedTuple
 
 from aiohttp import web
 from redis.exceptions import ResponseError
@@ -35,12 +35,15 @@ READY_TIMEOUT_S: Final = 2.0
 """Longest wait for all of ``/readyz``'s checks, seconds."""
 
 
-class NotReadyError(Exception):
-    """A readiness check failed without a Redis exception to classify (its cause is already safe)."""
+class Unready(NamedTuple):
+    """A readiness check that failed without a Redis exception to classify."""
 
-    def __init__(self, cause: str, fault: FaultKind, detail: str) -> None:
-        super().__init__(cause)
-        self.cause, self.fault, self.detail = cause, fault, detail
+    cause: str
+    """Short and safe (no address, no server text)."""
+    fault: FaultKind
+    """``transient``, ``pressure`` or ``permanent``."""
+    detail: str
+    """For the log line only: node addresses, key names, the server's text (masked)."""
 
 
 def not_ready(dependency: str, cause: str, fault: FaultKind) -> ProblemError:
@@ -80,33 +83,33 @@ async def readyz(request: web.Request) -> web.Response:
     """
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
-            await _check(request.app)
-    except NotReadyError as exc:
-        log.warning("event=not_ready dependency=redis cause=%r %s", exc.cause, exc.detail)
-        raise not_ready("redis", exc.cause, exc.fault) from exc
+            unready = await _check(request.app)
     except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
         cause, fault = readiness_cause(exc)
         if isinstance(exc, TimeoutError):
             cause = f"no answer within {READY_TIMEOUT_S:g} s"
-        log.warning("event=not_ready dependency=redis cause=%r %s", cause, fault_fields(exc))
-        raise not_ready("redis", cause, fault) from exc
+        unready = Unready(cause, fault, fault_fields(exc))
+    if unready is not None:
+        log.warning("event=not_ready dependency=redis cause=%r %s", unready.cause, unready.detail)
+        raise not_ready("redis", unready.cause, unready.fault)
     return web.json_response({"status": "ok"})
 
 
-async def _check(app: web.Application) -> None:
-    """Run the checks of :func:`readyz`; raise at the first that fails."""
+async def _check(app: web.Application) -> Unready | None:
+    """Run the checks of :func:`readyz`; return the first that fails without raising, else ``None``."""
     redis, keys = app[REDIS], app[KEYS]
     await redis.ping()
     await probe_write(redis, keys.probe, timeout_s=READY_TIMEOUT_S)
     if problems := await cluster_problems(redis):
-        raise NotReadyError(f"cluster down ({len(problems)} primaries not ok)", "transient", "; ".join(problems))
+        return Unready(f"cluster down ({len(problems)} primaries not ok)", "transient", "; ".join(problems))
     missing = await missing_groups(redis, await streams_in_use(redis, keys, app[SETTINGS].job_shards))
     if missing and (refused := await app[SHARDS].restore_groups(redis, missing)):
-        raise _group_refused(refused)
+        return _group_refused(refused)
+    return None
 
 
-def _group_refused(refused: list[tuple[str, ResponseError]]) -> NotReadyError:
+def _group_refused(refused: list[tuple[str, ResponseError]]) -> Unready:
     _stream, exc = refused[0]
     cause, fault = readiness_cause(exc)
     detail = "; ".join(f"jobs stream {s}: cannot create its 'workers' group: {fault_fields(e)}" for s, e in refused)
-    return NotReadyError(f"jobs group cannot be created: {cause}", fault, detail)
+    return Unready(f"jobs group cannot be created: {cause}", fault, detail)
