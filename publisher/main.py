@@ -29,9 +29,9 @@ from redis.exceptions import RedisError
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.edge import EdgeRunner
 from publisher.edge import run as run_loop
+from publisher.readiness import READY_TIMEOUT_S
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.state import REDIS
-from publisher.status import READY_TIMEOUT_S
 from publisher.telemetry import providers_from_env
 from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, port_number, redact_url
@@ -126,7 +126,7 @@ async def warn_unless_redis_answers(app: web.Application, redis_url: str) -> boo
     """PING Redis once at start; log a WARNING naming the URL and the fix when it does not answer.
 
     Returns:
-        True when Redis answered within :data:`publisher.status.READY_TIMEOUT_S`.
+        True when Redis answered within :data:`publisher.readiness.READY_TIMEOUT_S`.
     """
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):

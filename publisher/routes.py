@@ -12,8 +12,9 @@ from aiohttp import web
 
 from publisher.demo_routes import add_demo_routes
 from publisher.events import stream_events
+from publisher.readiness import healthz, readyz
 from publisher.settings import PublisherSettings
-from publisher.status import cancel, healthz, readyz, stream_status
+from publisher.status import cancel, stream_status
 from publisher.submit import mint_token, submit
 from publisher.ui_stream import stream_ui
 

@@ -1,16 +1,15 @@
-"""``GET /v1/streams/{stream_id}`` (status and assembled result), ``POST .../cancel``, health routes.
+"""``GET /v1/streams/{stream_id}`` (status and assembled result) and ``POST .../cancel``.
 
 The result is the reducer's (schema.reducer) over the stored events the reader may see:
 a ``public`` reader's result has no internal reasoning block. Cancel follows the
 protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
 on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
 
-Follows the Redis pages of SET, PUBLISH, PING, CLUSTER INFO and XINFO GROUPS, and RFC 9457 for errors.
+Follows the Redis pages of SET and PUBLISH, and RFC 9457 for errors (health routes: :mod:`publisher.readiness`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any, Final
@@ -21,22 +20,15 @@ from aiohttp import web
 from publisher.auth import authorize_read, require_api_key
 from publisher.limits import path_stream_id
 from publisher.problems import FieldError, ProblemError
-from publisher.state import KEYS, REDIS, SETTINGS, SHARDS, STORE
+from publisher.state import KEYS, REDIS, SETTINGS, STORE
 from publisher.store import HistoryChangedError
 from publisher.tokens import Scope
 from schema.contract import EPOCH_PATTERN, BlockDelta, BlockStart, BlockStop, Event, decode_event
 from schema.reducer import Assembler, result_to_builtins
-from worker.error_policy import safe_message
-from worker.intake import missing_groups, streams_in_use
-from worker.redis_client import REDIS_ERRORS, cluster_problems
-from worker.storage import probe_write
 
 log = logging.getLogger(__name__)
 
 _EPOCH: Final = re.compile(EPOCH_PATTERN)
-READY_TIMEOUT_S: Final = 2.0
-"""Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
-
 
 def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
     if scope == "internal":
@@ -158,41 +150,3 @@ async def cancel(request: web.Request) -> web.Response:
     await redis.set(keys.cancel(stream_id), "1", ex=request.app[SETTINGS].cancel_ttl_s)
     await redis.publish(keys.cancels, stream_id)
     return web.json_response({"stream_id": stream_id, "state": "cancelling"}, status=202)
-
-
-async def healthz(request: web.Request) -> web.Response:
-    """Liveness: the process answers. Never touches Redis."""
-    return web.json_response({"status": "ok"})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    """Readiness: Redis answers, the cluster is ok, every jobs stream in use has its group.
-
-    Within :data:`READY_TIMEOUT_S`: PING, a probe write (:func:`worker.storage.probe_write`,
-    ``SET P:probe 1 PX``: fails while Redis refuses writes, e.g. OOM, READONLY, MISCONF),
-    ``cluster_state:ok`` on every primary (cluster mode), and ``XINFO GROUPS`` of every
-    jobs stream in use shows ``workers``. A missing group is created here, as a worker
-    creates it (:meth:`publisher.submit.JobShards.restore_groups`), so a publisher
-    started before Redis, or a Redis that came back empty, is ready without waiting for
-    a worker: submissions are kept from id 0 for the first worker to read.
-
-    Raises:
-        ProblemError: 503 ``redis-unavailable`` naming what failed.
-    """
-    redis, keys = request.app[REDIS], request.app[KEYS]
-    try:
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            await redis.ping()
-            written = await probe_write(redis, keys.probe, timeout_s=READY_TIMEOUT_S)
-            problems = [written] if written else []
-            problems += await cluster_problems(redis)
-            missing = await missing_groups(redis, await streams_in_use(redis, keys, request.app[SETTINGS].job_shards))
-            if missing:
-                problems += await request.app[SHARDS].restore_groups(redis, missing)
-    except (*REDIS_ERRORS, TimeoutError, OSError) as exc:
-        reason = safe_message(str(exc)) or f"no answer within {READY_TIMEOUT_S:g} s"
-        detail = f"Redis does not answer: {type(exc).__name__}: {reason}"
-        raise ProblemError("redis-unavailable", detail) from exc
-    if problems:
-        raise ProblemError("redis-unavailable", "; ".join(problems))
-    return web.json_response({"status": "ok"})

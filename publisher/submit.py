@@ -36,6 +36,7 @@ from schema.keys import JOB_FIELD, Keys, shard_of
 from schema.logs import quoted
 from worker.intake import ensure_group, ensure_jobs_group
 from worker.redis_client import REDIS_ERRORS, RedisClient
+from worker.redis_faults import fault_kind
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class JobShards:
         return True
 
 
-    async def restore_groups(self, redis: RedisClient, streams: list[str]) -> list[str]:
+    async def restore_groups(self, redis: RedisClient, streams: list[str]) -> list[tuple[str, ResponseError]]:
         """Record the shard count and create the ``workers`` group of each of ``streams``.
 
         ``/readyz`` calls it for the jobs streams it found without their group: a Redis
@@ -123,11 +124,12 @@ class JobShards:
             streams: Jobs stream keys, each possibly absent.
 
         Returns:
-            One problem per stream whose group Redis refused to create (e.g. ``WRONGTYPE``:
-            the key is not a stream); empty when every group now exists.
+            ``(stream, refusal)`` per stream whose group Redis refused for good to create
+            (e.g. ``WRONGTYPE``: the key is not a stream); empty when every group now exists.
 
         Raises:
-            redis.exceptions.RedisError: Redis failed otherwise (the caller answers 503).
+            redis.exceptions.RedisError: Redis failed otherwise, or refused with a reply a
+                retry cures (:func:`worker.redis_faults.fault_kind`); the caller answers 503.
         """
         await redis.sadd(self.keys.job_shards, str(self.shards))
         self._announced_at = time.monotonic()
@@ -136,7 +138,9 @@ class JobShards:
             try:
                 created = await ensure_jobs_group(redis, self.keys, stream)
             except ResponseError as exc:
-                problems.append(f"jobs stream {stream}: cannot create its 'workers' group: {exc}")
+                if fault_kind(exc) != "permanent":
+                    raise
+                problems.append((stream, exc))
                 continue
             if created:
                 log.warning("created the 'workers' consumer group of jobs stream %s (start id 0): Redis had none "

@@ -44,8 +44,8 @@ acks it. A failed summary ``XADD`` is logged (``event=summary_lost``) and not ra
 because the terminal event is stored and the job must be acked.
 
 Redis faults: each script call is retried by :func:`worker.storage.with_retry` (connection
-errors, timeouts, ``LOADING``/``TRYAGAIN``/``CLUSTERDOWN``/``MASTERDOWN``/``READONLY``,
-and ``OOM``/``MISCONF`` within the window); redis-py itself may also resend a command
+errors, timeouts, the transient refusals of :mod:`schema.redis_replies` such as ``BUSY``
+and ``NOREPLICAS``, and ``OOM``/``MISCONF`` within the window); redis-py itself may also resend a command
 after a connection error. A resent call may find its first try applied. The fenced seq
 check alone would then answer ``seq`` (``last_seq`` = the batch's last seq), which a
 second writer holding the same token would get too; so each batch carries a random id

@@ -1,17 +1,18 @@
 """Error policy: how a failure becomes a ``stream.error`` the contract can show.
 
 The default ``retryable`` per category, the ``stream.error`` status per category, and the
-masking of credentials in messages shown to users (CONTRACT.md: ``message`` is safe to
-show a user: no secrets, no prompt text, no upstream URL with credentials). Pure.
+one redaction of messages shown to users (:func:`safe_message`, through
+:func:`schema.redact.redact`; CONTRACT.md: ``message`` is safe to show a user: no
+secrets, no prompt text, no upstream URL with credentials). Pure.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Final
 
 from schema.contract import ErrorCategory, ErrorStatus
 from schema.logs import quoted
+from schema.redact import redact
 
 RETRYABLE: Final[dict[ErrorCategory, bool]] = {
     "upstream_overloaded": True,
@@ -43,15 +44,14 @@ STATUS_OF_CATEGORY: Final[dict[ErrorCategory, ErrorStatus]] = {
 MAX_MESSAGE_CHARS: Final = 500
 """Longest error message passed on to readers; longer ones are cut."""
 
-_SECRETS: Final = re.compile(
-    r"(?i)((?:api[_-]?key|key|token|secret|password|authorization)[=:]\s*(?:bearer\s+)?)[^\s&\"',]+"
-    r"|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}|(?i:\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"
-)
-
 
 def safe_message(text: str) -> str:
-    """Return ``text`` with credentials masked and cut to :data:`MAX_MESSAGE_CHARS`."""
-    masked = _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", text)
+    """Return ``text`` with every key-shaped string out (:func:`schema.redact.redact`), cut to MAX_MESSAGE_CHARS.
+
+    The one path of every message shown to readers: ``stream.error``'s ``error.message``
+    (the normalizer and the worker's own storage errors), meta ``error_message``.
+    """
+    masked = redact(text)
     return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"
 
 

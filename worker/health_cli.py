@@ -3,11 +3,13 @@
 Exit 0 when, within the timeout, Redis (``REDIS_URL``, default ``redis://localhost:6379/0``, a cluster seed with
 ``FANOUT_REDIS_CLUSTER=1``) answers PING and takes a probe write (``SET <FANOUT_REDIS_PREFIX>:probe 1 PX``,
 :func:`worker.storage.probe_write`: fails while Redis refuses writes, e.g. ``OOM``,
-``READONLY``, ``MISCONF``), every cluster primary reports
+``NOREPLICAS``, ``READONLY``, ``MISCONF``), every cluster primary reports
 ``cluster_state:ok`` (cluster mode), every jobs stream in use (``FANOUT_JOB_SHARDS``, the
 recorded shard counts, ``FANOUT_REDIS_PREFIX``) has its ``workers`` consumer group, and,
 when ``FANOUT_HEALTH_URL`` (or ``--url``) is set, that URL answers 200; exit 1 otherwise,
-printing each problem with the server's message. A missing group means no worker (nor
+printing each problem: the cause and kind ``/readyz`` gives (one table:
+:func:`worker.redis_faults.readiness_cause`), then the URL (password masked) and the
+server's message, for the operator. A missing group means no worker (nor
 publisher, whose ``/readyz`` creates it) has run under this prefix yet, a mistyped
 ``FANOUT_REDIS_PREFIX``, or a Redis that lost its data (restart without persistence,
 failover to an empty replica): a running worker recreates it on its next read, so the
@@ -31,6 +33,7 @@ from schema.settings import SettingsError
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
 from worker.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, cluster_problems, connect
+from worker.redis_faults import readiness_cause
 from worker.settings import load_worker_settings
 from worker.storage import probe_write
 
@@ -84,18 +87,32 @@ async def redis_problems(timeout_s: float) -> list[str]:
         async with asyncio.timeout(timeout_s * 3):
             await client.ping()
             keys = Keys(settings.redis_prefix)
-            written = await probe_write(client, keys.probe, timeout_s=timeout_s)
-            problems = [f"redis: {written}"] if written else []
-            problems += [f"redis cluster: {p}" for p in await cluster_problems(client)]
+            await probe_write(client, keys.probe, timeout_s=timeout_s)
+            problems = [f"redis cluster: {p}" for p in await cluster_problems(client)]
             streams = await streams_in_use(client, keys, settings.job_shards)
             problems += [missing_group_problem(s, settings.redis_prefix) for s in await missing_groups(client, streams)]
             return problems
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
         if mismatch := cluster_mode_mismatch(exc, settings.redis_cluster):
             return [f"redis at {redact_url(settings.redis_url)}: {mismatch}"]
-        return [f"redis at {redact_url(settings.redis_url)}: {type(exc).__name__}: {safe_message(str(exc))}"]
+        return [redis_problem(exc, settings.redis_url, timeout_s)]
     finally:
         await client.aclose()
+
+
+def redis_problem(exc: BaseException, redis_url: str, timeout_s: float) -> str:
+    """Word one failed check: the cause and kind ``/readyz`` gives, then for the operator the URL and the server's text.
+
+    ``redis at redis://host:6379/0: replicas missing (NOREPLICAS) [transient]: ResponseError:
+    NOREPLICAS Not enough good replicas to write.`` (:func:`worker.redis_faults.readiness_cause`;
+    the URL's password and credentials in the text are masked).
+    """
+    cause, fault = readiness_cause(exc)
+    if isinstance(exc, TimeoutError):
+        cause = f"no answer within {timeout_s:g} s"
+    detail = safe_message(str(exc))
+    return f"redis at {redact_url(redis_url)}: {cause} [{fault}]" + (
+        f": {type(exc).__name__}: {detail}" if detail else "")
 
 
 async def _check(url: str | None, timeout_s: float) -> list[str]:

@@ -39,6 +39,7 @@ import redis.exceptions
 
 from schema.keys import JOB_FIELD, JOBS_GROUP, MAX_JOB_SHARDS, Keys
 from worker.redis_client import RedisClient
+from worker.redis_faults import error_code, fault_kind
 
 log = logging.getLogger("fanout.worker.intake")
 
@@ -64,8 +65,8 @@ def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
     ``NOGROUP``, or (Redis 7) ``UNBLOCKED the stream key no longer exists``: the answer to a
     read blocked on a stream deleted meanwhile (evicted, flushed).
     """
-    message = str(exc)
-    return message.startswith("NOGROUP") or (message.startswith("UNBLOCKED") and "no longer exists" in message)
+    code = error_code(exc)
+    return code == "NOGROUP" or (code == "UNBLOCKED" and "no longer exists" in str(exc))
 
 
 def _count(value: bytes | str) -> int | None:
@@ -107,7 +108,7 @@ async def ensure_group(client: RedisClient, stream: str, *, mkstream: bool = Tru
     try:
         await client.xgroup_create(stream, JOBS_GROUP, id="0", mkstream=mkstream)
     except redis.exceptions.ResponseError as exc:
-        if "BUSYGROUP" in str(exc) or (not mkstream and "requires the key to exist" in str(exc)):
+        if error_code(exc) == "BUSYGROUP" or (not mkstream and "requires the key to exist" in str(exc)):
             return False
         raise
     return True
@@ -125,9 +126,14 @@ async def ensure_jobs_group(client: RedisClient, keys: Keys, stream: str) -> boo
 async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
     """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each).
 
+    A stream whose ``XINFO GROUPS`` is refused for good (``ERR no such key``, ``WRONGTYPE``)
+    counts as missing its group; a refusal a retry cures (``BUSY``, ``MASTERDOWN``, ...:
+    :func:`worker.redis_faults.fault_kind`) is raised, not taken for a missing group.
+
     Raises:
         redis.exceptions.AskError: ``MOVED``/``ASK``: a plain client talks to a Cluster
             node (``FANOUT_REDIS_CLUSTER`` does not match the server); not a missing group.
+        redis.exceptions.ResponseError: A transient refusal (above).
     """
     missing = []
     for stream in streams:
@@ -135,8 +141,10 @@ async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
             groups = await client.xinfo_groups(stream)
         except redis.exceptions.AskError:
             raise
-        except redis.exceptions.ResponseError:  # no such key
-            groups = []
+        except redis.exceptions.ResponseError as exc:
+            if fault_kind(exc) != "permanent":
+                raise
+            groups = []  # no such key, or not a stream
         if not any(_text(group.get("name", b"")) == JOBS_GROUP for group in groups):
             missing.append(stream)
     return missing

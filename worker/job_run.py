@@ -20,8 +20,10 @@ or the provider's ``Retry-After`` capped at ``retry_after_max_s``) only while no
 leave the job pending for the next owner. The job is XACKed only after its terminal event
 is stored (or found stored).
 
-Redis faults (:mod:`worker.storage`): appends, the terminal write and the ack are retried
-within ``FANOUT_APPEND_RETRY_S`` (at most the lease); lease renewals that fail are tried
+Redis faults (:mod:`worker.storage`, one table: :mod:`schema.redis_replies`): the claim,
+appends, the terminal write and the ack are retried within ``FANOUT_APPEND_RETRY_S`` (at
+most the lease) through connection errors and transient refusals (``BUSY``,
+``NOREPLICAS``, ``LOADING``, ``READONLY``, ...); lease renewals that fail are tried
 again every ``FANOUT_APPEND_RETRY_MAX_DELAY_S`` at most and never stop the job by
 themselves (fencing at the append is the guarantee). A write Redis refuses for good
 (:class:`~schema.errors.StorageRefusedError`), and a stream claimed more than
@@ -38,7 +40,6 @@ import contextlib
 import logging
 import time
 
-import redis.exceptions
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
 from schema.contract import Event, StreamError
@@ -47,12 +48,12 @@ from schema.job import Job
 from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
-from worker.error_policy import redis_error_fields
 from worker.job_storage import JobContext, JobStorage, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
 from worker.redis_client import REDIS_ERRORS
-from worker.storage import fault_kind
+from worker.redis_faults import fault_fields
+from worker.storage import fault_kind, with_retry
 from worker.upstream import UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
@@ -88,16 +89,9 @@ class JobRun(JobStorage):
             redis.exceptions.RedisError: Redis failed during the claim (the job stays pending).
         """
         job = self.job
-        self._claim_ms = self.ctx.clock_ms()
-        try:
-            claim = await self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
-                                                entry_id=self.entry_id, now_ms=self._claim_ms)
-        except redis.exceptions.ResponseError as exc:
-            if fault_kind(exc) != "permanent":
-                raise
-            log.error("event=claim_refused stream_id=%s action=ack %s", job.stream_id, redis_error_fields(exc))
-            await self._ack()
-            return "skipped"
+        claim = await self._claim()
+        if not isinstance(claim, Claim):
+            return claim
         if claim.done:
             await self._ack()
             self.telemetry.job_ended("skipped")
@@ -122,6 +116,34 @@ class JobRun(JobStorage):
         log.info("event=job_end stream_id=%s provider=%s outcome=%s status=%s attempts=%d", job.stream_id,
                  job.provider, outcome, terminal.status if terminal else "-", self._attempts)
         return outcome
+
+    async def _claim(self) -> Claim | Outcome:
+        """Claim the stream, retried like a write (:func:`worker.storage.with_retry`).
+
+        A retried claim whose first try was applied only moves the token one further (the
+        claim count then includes it). A claim Redis refuses for good (``WRONGTYPE`` on
+        meta) acks the job (``skipped``); a shutdown while retrying leaves it pending
+        (``abandoned``); a transient or pressure fault past the window raises.
+
+        Raises:
+            redis.exceptions.RedisError: Redis still failing past the window (the job stays pending).
+        """
+        job = self.job
+        self._claim_ms = self.ctx.clock_ms()
+        try:
+            return await with_retry(
+                lambda: self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
+                                              entry_id=self.entry_id, now_ms=self._claim_ms),
+                policy=self.ctx.appender.retry, sleep=self._storage_sleep, what="claim", stream_id=job.stream_id)
+        except Stopped:
+            return "abandoned"
+        except StorageRefusedError as exc:
+            cause = exc.__cause__
+            if cause is not None and fault_kind(cause) != "permanent":
+                raise cause from None  # OOM past the window: leave the job pending, as Redis being down does
+            log.error("event=claim_refused stream_id=%s action=ack", job.stream_id)
+            await self._ack()
+            return "skipped"
 
     async def _drive(self, claim: Claim) -> Outcome:
         try:
@@ -149,7 +171,7 @@ class JobRun(JobStorage):
         except REDIS_ERRORS as exc:
             self.telemetry.redis_error(exc)
             log.error("event=redis_error stream_id=%s action=leave_pending %s", self.job.stream_id,
-                      redis_error_fields(exc))
+                      fault_fields(exc))
             return "abandoned"
         except Exception:
             log.exception("event=job_crashed stream_id=%s", self.job.stream_id)

@@ -29,6 +29,7 @@ from worker.lease import Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
 from worker.redis_client import REDIS_ERRORS
+from worker.redis_faults import fault_fields
 from worker.settings import WorkerSettings
 from worker.storage import with_retry
 from worker.telemetry import Telemetry
@@ -178,7 +179,7 @@ class JobStorage:
                 failures += 1
                 self.telemetry.redis_error(exc)
                 log.warning("event=lease_renew_failed stream_id=%s try=%d %s", self.job.stream_id, failures,
-                            redis_error_fields(exc))
+                            fault_fields(exc))
                 continue
             failures = 0
             if outcome == "cancel":

@@ -45,6 +45,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from worker.redis_faults import classify
+
 log = logging.getLogger("fanout.otel")
 
 Signal = Literal["traces", "metrics", "logs"]
@@ -66,33 +68,34 @@ SECONDS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
                           900.0)
 """Histogram bucket bounds (seconds) for latencies and durations: 5 ms to the 900 s job limit."""
 
-RedisErrorKind = Literal["connection", "timeout", "oom", "moved_ask", "permanent", "other"]
-REDIS_ERROR_KINDS: Final[tuple[RedisErrorKind, ...]] = ("connection", "timeout", "oom", "moved_ask", "permanent",
-                                                         "other")
+RedisErrorKind = Literal["connection", "timeout", "oom", "moved_ask", "refused", "permanent", "other"]
+REDIS_ERROR_KINDS: Final[tuple[RedisErrorKind, ...]] = ("connection", "timeout", "oom", "moved_ask", "refused",
+                                                         "permanent", "other")
 """Values of the ``kind`` attribute of ``fanout.redis.errors``."""
+
+_KIND_OF_CODE: Final[dict[str, RedisErrorKind]] = {
+    "OOM": "oom", "MOVED": "moved_ask", "ASK": "moved_ask", "TRYAGAIN": "moved_ask", "CLUSTERDOWN": "moved_ask",
+}
 
 
 def redis_error_kind(exc: BaseException) -> RedisErrorKind:
-    """Sort a Redis client error into one of :data:`REDIS_ERROR_KINDS`.
+    """Sort a Redis client error into one of :data:`REDIS_ERROR_KINDS`, by :func:`worker.redis_faults.classify`.
 
-    ``connection`` (refused, reset, loading), ``timeout`` (socket timeout), ``oom`` (``OOM``
+    ``timeout`` (socket timeout), ``connection`` (refused, reset, closed), ``oom`` (``OOM``
     reply: ``maxmemory`` reached), ``moved_ask`` (cluster redirections, ``TRYAGAIN``,
-    ``CLUSTERDOWN``), ``permanent`` (a reply that a retry will not change: ``WRONGTYPE``,
-    ``NOSCRIPT``, ``NOPERM``, auth), ``other`` (anything else).
+    ``CLUSTERDOWN``, no slot map), ``refused`` (any other reply a retry cures:
+    ``LOADING``, ``BUSY``, ``NOREPLICAS``, ``READONLY``, ``MASTERDOWN``, ``MISCONF``...),
+    ``permanent`` (a reply or an authentication error that a retry will not change:
+    ``WRONGTYPE``, ``NOPERM``, ``ERR``...), ``other`` (a client-side error).
     """
-    if isinstance(exc, redis.exceptions.TimeoutError):
+    if isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
         return "timeout"
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.BusyLoadingError):
-        return "connection"
-    text = str(exc)
-    if text.startswith("OOM"):
-        return "oom"
-    if text.startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")) or type(exc).__name__ in (
-            "MovedError", "AskError", "TryAgainError", "ClusterDownError"):
-        return "moved_ask"
-    if isinstance(exc, redis.exceptions.ResponseError | redis.exceptions.AuthenticationError):
-        return "permanent"
-    return "other"
+    fault = classify(exc)
+    if fault.code:
+        return _KIND_OF_CODE.get(fault.code) or ("permanent" if fault.kind == "permanent" else "refused")
+    if fault.kind == "transient":
+        return "connection" if isinstance(exc, redis.exceptions.ConnectionError | OSError) else "moved_ask"
+    return "permanent" if isinstance(exc, redis.exceptions.ConnectionError) else "other"
 
 
 class Providers:

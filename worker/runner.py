@@ -39,12 +39,12 @@ import redis.exceptions
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
-from worker.error_policy import redis_error_fields
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.redis_client import RedisClient
+from worker.redis_faults import fault_fields, fault_kind
 from worker.settings import WorkerSettings
 from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
@@ -141,7 +141,7 @@ class Worker:
                 try:
                     streams = await self.intake.streams()
                 except redis.exceptions.RedisError as exc:
-                    log.error("event=intake_failed error=%s message=%r", type(exc).__name__, str(exc))
+                    log.error("event=intake_failed %s", fault_fields(exc))
                     streams = list(readers)
                 for stream in streams:
                     if stream not in readers or readers[stream].done():
@@ -163,7 +163,8 @@ class Worker:
                 entries = await self._next_entries(stream)
             except redis.exceptions.RedisError as exc:
                 self.ctx.telemetry.redis_error(exc)
-                log.error("event=intake_failed stream=%s %s", stream, redis_error_fields(exc))
+                level = logging.ERROR if fault_kind(exc) == "permanent" else logging.WARNING
+                log.log(level, "event=intake_failed stream=%s %s", stream, fault_fields(exc))
                 await self._pause(stop, REDIS_RETRY_DELAY_S)
                 continue
             for entry in entries:
@@ -221,7 +222,7 @@ class Worker:
             outcome = await run.run()
         except redis.exceptions.RedisError as exc:
             self.ctx.telemetry.redis_error(exc)
-            log.error("event=job_redis_error stream_id=%s %s", run.job.stream_id, redis_error_fields(exc))
+            log.error("event=job_redis_error stream_id=%s %s", run.job.stream_id, fault_fields(exc))
         except Exception:
             log.exception("event=job_failed stream_id=%s", run.job.stream_id)
         finally:

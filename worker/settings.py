@@ -70,8 +70,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle
     longer is reclaimed by ``XAUTOCLAIM``."""
     append_retry_s: _NonNegative = 30.0
-    """How long a write to Redis (append, terminal, ack) that failed on a connection error,
-    timeout, ``LOADING``/``TRYAGAIN``/``CLUSTERDOWN``/``MASTERDOWN``/``READONLY``, ``OOM`` or
+    """How long a write to Redis (claim, append, terminal, ack) that failed on a connection
+    error, timeout, a transient refusal (``LOADING``, ``BUSY``, ``NOREPLICAS``, ``MASTERDOWN``,
+    ``READONLY``, ``TRYAGAIN``, ``CLUSTERDOWN``: :mod:`schema.redis_replies`), ``OOM`` or
     ``MISCONF`` is tried again, seconds; capped by ``lease_s`` (:attr:`append_retry_window_s`).
     ``OOM``/``MISCONF`` lasting longer end the stream ``failed``/``internal``."""
     append_retry_base_s: _Positive = 0.05

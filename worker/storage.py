@@ -1,20 +1,22 @@
 """Which Redis failures a worker waits out and which end a stream, and the bounded retry of its writes.
 
-A Redis error during a write of the worker (an append, the terminal write, an ack) is one
-of three kinds (:func:`fault_kind`):
+A Redis error during a write of the worker (the claim, an append, the terminal write, an
+ack) is one of three kinds, read from the one table of :mod:`schema.redis_replies` by
+:func:`worker.redis_faults.classify`:
 
 ==============  ===========================================================  ======================
 kind            errors                                                       handling
 ==============  ===========================================================  ======================
 ``transient``   connection refused/reset/closed, socket timeout, ``LOADING``,  retried while the
-                ``TRYAGAIN``, ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``     window lasts, then
-                (a restart, a failover, a replica being promoted)             raised as is
+                ``BUSY``, ``NOREPLICAS``, ``MASTERDOWN``, ``READONLY``,       window lasts, then
+                ``TRYAGAIN``, ``CLUSTERDOWN`` (a restart, a slow script, a    raised as is
+                replica away, a failover, a resharding)
 ``pressure``    ``OOM`` (``maxmemory`` with ``noeviction``), ``MISCONF``        retried while the
                 (a failed RDB save with ``stop-writes-on-bgsave-error``)      window lasts, then
                                                                              :class:`StorageRefusedError`
-``permanent``   every other reply error: ``WRONGTYPE`` on one of our keys, an  :class:`StorageRefusedError`
-                ``XADD`` id at or below the stream's top (a foreign entry),   at once
-                ``NOPERM``, an authentication error
+``permanent``   ``WRONGTYPE`` on one of our keys, an ``XADD`` id at or below   :class:`StorageRefusedError`
+                the stream's top (a foreign entry), ``NOPERM``, an            at once
+                authentication error, a code the table does not know
 ==============  ===========================================================  ======================
 
 The window (:class:`RetryPolicy`) is ``FANOUT_APPEND_RETRY_S``, at most ``FANOUT_LEASE_S``:
@@ -22,10 +24,10 @@ past the lease another worker may own the stream, and its fencing token decides 
 Delays are full-jitter exponential (``FANOUT_APPEND_RETRY_BASE_S`` doubling up to
 ``FANOUT_APPEND_RETRY_MAX_DELAY_S``, never past the window's end). Retrying a script call
 whose first try may have been applied is exact because the caller recognises its own
-batch in the refusal (:mod:`worker.appender`).
-
-Redis error replies follow the Redis "Errors" conventions (the first word is the code);
-redis-py maps most codes to classes, ``MISCONF`` and ``WRONGTYPE`` stay ``ResponseError``.
+batch in the refusal (:mod:`worker.appender`); every refusal in the transient and
+pressure rows comes before the script's first write (Redis checks ``NOREPLICAS``,
+``READONLY``, ``OOM`` ... at the first write command of a script without flags), so a
+refused call stored nothing.
 """
 
 from __future__ import annotations
@@ -33,27 +35,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, Literal, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
 from schema.errors import StorageRefusedError
-from worker.error_policy import redis_error_fields, safe_message
+from schema.redis_replies import FaultKind
 from worker.redis_client import REDIS_ERRORS, RedisClient
+from worker.redis_faults import classify, error_code, fault_fields, fault_kind
 
 log = logging.getLogger("fanout.worker.storage")
 
-T = TypeVar("T")
-FaultKind = Literal["transient", "pressure", "permanent"]
+__all__ = ["FaultKind", "RetryPolicy", "error_code", "fault_kind", "probe_write", "refused", "storage_reason",
+           "wait_replicated", "with_retry"]
 
-_TRANSIENT_CODES: Final = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
-_PRESSURE_CODES: Final = ("OOM", "MISCONF")
-_AUTH: Final = (rex.AuthenticationError, rex.AuthorizationError)
+T = TypeVar("T")
 PROBE_TTL_MS: Final = 10_000
 """Lifetime of the readiness probe key, ms."""
 
@@ -73,46 +73,14 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return random.uniform(0.0, min(self.max_delay_s, self.base_s * 2 ** (tries - 1)))  # noqa: S311 - jitter
 
 
-_SCRIPT_WRAPPER: Final = re.compile(r"^Error running script \(call to [^)]*\): @[\w-]+:\d+: ")
-"""Redis 6.2's wrapper around an error raised inside a script (7.0 passes the error's own code first)."""
-
-
-def error_code(exc: BaseException) -> str:
-    """Return the Redis error code of a reply error (its first word, e.g. ``WRONGTYPE``), else ''.
-
-    An error raised inside a script on Redis 6.2 (``Error running script (call to
-    f_<sha>): @user_script:12: WRONGTYPE ...``) gives the code of the error inside.
-    """
-    text = _SCRIPT_WRAPPER.sub("", str(exc).strip())
-    word = text.split(" ", 1)[0] if text else ""
-    return word if word.isupper() and word.isalpha() else ""
-
-
-def fault_kind(exc: rex.RedisError | rex.RedisClusterException) -> FaultKind:
-    """Classify one Redis error (module table); the cluster client's own errors (no slot map yet) are transient."""
-    if isinstance(exc, rex.RedisClusterException):
-        return "transient"
-    if isinstance(exc, _AUTH):
-        return "permanent"
-    if isinstance(exc, rex.ConnectionError | rex.TimeoutError):
-        return "transient"
-    code = error_code(exc)
-    if isinstance(exc, rex.ClusterDownError | rex.TryAgainError | rex.ReadOnlyError) or code in _TRANSIENT_CODES:
-        return "transient"
-    if isinstance(exc, rex.OutOfMemoryError) or code in _PRESSURE_CODES:
-        return "pressure"
-    return "permanent"
-
-
 def storage_reason(exc: rex.RedisError | rex.RedisClusterException) -> str:
     """Return a short, user-safe reason for a refused write: the code, or what a foreign entry did."""
-    text = str(exc)
-    if "equal or smaller than the target stream top item" in text:
+    if "equal or smaller than the target stream top item" in str(exc):
         return "an entry that fanout did not write sits above the stream's events"
-    if isinstance(exc, rex.OutOfMemoryError) or error_code(exc) == "OOM":
+    fault = classify(exc)
+    if fault.code == "OOM":
         return "Redis is out of memory (maxmemory reached)"
-    code = error_code(exc)
-    return f"Redis answered {code}" if code else f"Redis failed ({type(exc).__name__})"
+    return f"Redis answered {fault.code}" if fault.code else f"Redis failed ({type(exc).__name__})"
 
 
 def refused(exc: rex.RedisError | rex.RedisClusterException, stream_id: str) -> StorageRefusedError:
@@ -147,56 +115,43 @@ async def with_retry(
         try:
             return await call()
         except REDIS_ERRORS as exc:
-            kind = fault_kind(exc)
-            now = time.monotonic()
+            fault, now = classify(exc), time.monotonic()
             tries += 1
             deadline = deadline or now + policy.window_s
-            if kind == "permanent" or (kind == "pressure" and now >= deadline):
-                log.error("event=storage_refused what=%s stream_id=%s kind=%s %s", what, stream_id, kind,
-                          redis_error_fields(exc))
+            fields = f"what={what} stream_id={stream_id} try={tries} {fault_fields(exc)}"
+            if fault.kind == "permanent" or (fault.kind == "pressure" and now >= deadline):
+                log.error("event=storage_refused %s", fields)
                 raise refused(exc, stream_id) from exc
             if now >= deadline:
-                log.error("event=storage_retry_exhausted what=%s stream_id=%s tries=%d %s", what, stream_id,
-                          tries, redis_error_fields(exc))
+                log.error("event=storage_retry_exhausted %s", fields)
                 raise
             delay = min(policy.delay_s(tries), max(0.0, deadline - now))
-            log.warning("event=storage_retry what=%s stream_id=%s try=%d delay_s=%.3f %s", what, stream_id,
-                        tries, delay, redis_error_fields(exc))
+            log.warning("event=storage_retry delay_s=%.3f %s", delay, fields)
             if on_retry is not None:
                 on_retry(exc)
             await sleep(delay)
 
 
-async def probe_write(client: RedisClient, key: str, *, timeout_s: float) -> str | None:
+async def probe_write(client: RedisClient, key: str, *, timeout_s: float) -> None:
     """Prove Redis takes writes: ``SET <key> 1 PX`` :data:`PROBE_TTL_MS` within ``timeout_s``.
 
     Used by the publisher's ``/readyz`` and ``fanout health``. A PING passes on a server
     that refuses every write (``OOM`` under ``maxmemory`` with ``noeviction``, ``READONLY``
-    on a replica, ``MISCONF`` after a failed save); this does not.
+    on a replica, ``NOREPLICAS`` under ``min-replicas-to-write``, ``MISCONF`` after a
+    failed save); this does not.
 
     Args:
         client: Any asyncio client (single node or cluster: the key has one slot).
         key: The deployment's probe key (:attr:`schema.keys.Keys.probe`).
         timeout_s: Longest wait for the answer, seconds.
 
-    Returns:
-        ``None`` when the write was taken, else why not: the server's message (masked,
-        cut), or that it did not answer in time.
-
     Raises:
-        redis.exceptions.AskError: ``MOVED``/``ASK``: a plain client talks to a Cluster
-            node whose slot map puts ``key`` elsewhere (the caller names the setting).
+        TimeoutError: No answer within ``timeout_s``.
+        redis.exceptions.RedisError, OSError: The write was refused or Redis failed; the
+            caller says why with :func:`worker.redis_faults.readiness_cause`.
     """
-    try:
-        async with asyncio.timeout(timeout_s):
-            await client.set(key, b"1", px=PROBE_TTL_MS)
-    except TimeoutError:
-        return f"Redis did not take a write within {timeout_s:g} s"
-    except rex.AskError:  # MOVED/ASK: the client's topology is wrong, not a refused write
-        raise
-    except (rex.RedisError, OSError) as exc:
-        return f"Redis refuses writes ({type(exc).__name__}: {safe_message(str(exc))})"
-    return None
+    async with asyncio.timeout(timeout_s):
+        await client.set(key, b"1", px=PROBE_TTL_MS)
 
 
 async def wait_replicated(client: RedisClient, key: str, *, replicas: int, timeout_ms: int) -> int:

@@ -56,10 +56,7 @@ async def test_readyz_and_health_fail_while_redis_is_out_of_memory_and_pass_afte
             assert await _ready(http, base) == (200, "ok")
             assert _health(server, keys.prefix).returncode == 0
             server.fill()
-            status, detail = await _ready(http, base)
-            assert status == 503
-            assert "OutOfMemoryError" in detail
-            assert "maxmemory" in detail
+            assert await _ready(http, base) == (503, "redis: refuses writes: out of memory (OOM)")
             unhealthy = _health(server, keys.prefix)
             assert unhealthy.returncode == 1
             assert "refuses writes" in unhealthy.stderr
@@ -76,9 +73,7 @@ async def test_readyz_and_health_fail_on_a_read_only_replica_and_pass_once_promo
         async with _publisher(replica.url, keys) as base, aiohttp.ClientSession() as http:
             sync = replica.client()
             sync.replicaof("127.0.0.1", str(primary.port))
-            status, detail = await _ready(http, base)
-            assert status == 503
-            assert "ReadOnlyError" in detail
+            assert await _ready(http, base) == (503, "redis: read-only replica (READONLY)")
             assert _health(replica, keys.prefix).returncode == 1
             sync.replicaof("NO", "ONE")
             sync.close()

@@ -244,6 +244,7 @@ def test_redis_errors_sorted_by_kind() -> None:
         "timeout": redis.exceptions.TimeoutError("slow"),
         "oom": redis.exceptions.ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
         "moved_ask": redis.exceptions.ResponseError("MOVED 3999 127.0.0.1:6381"),
+        "refused": redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
         "permanent": redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"),
         "other": redis.exceptions.RedisError("odd"),
     }
