@@ -44,7 +44,7 @@ ENV = {"FANOUT_HEARTBEAT_S": "1", "FANOUT_REDIS_TIMEOUT_S": "1", "FANOUT_LEASE_S
        "FANOUT_API_KEYS": API_KEY, "FANOUT_TOKEN_SECRET": SECRET}
 KNOWN = ("event=intake_failed",)
 """A worker logs a jobs-stream read that failed on a killed connection at ERROR (retried after 1 s);
-left to the work on transient Redis refusals (issue 22). Nothing else may be an ERROR."""
+left to the work on transient Redis refusals. Nothing else may be an ERROR."""
 
 
 def request_for(provider: str) -> dict[str, object]:
