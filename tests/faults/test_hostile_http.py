@@ -95,45 +95,52 @@ async def raw(port: int, request: bytes) -> str | None:
     return problem_or_fine(status, (match.group(1) if match else b"").decode(), body if status >= 400 else b"")
 
 
+async def api_answers(http: aiohttp.ClientSession, base: str) -> list[str | None]:
+    """Ask every hostile request a client library can send; what is wrong with each answer."""
+    key, auth = {"Authorization": f"Bearer {API_KEY}"}, {"Authorization": f"Bearer {token_for(SID)}"}
+    events, answers = f"{base}/v1/streams/{SID}/events", []
+    for position in POSITIONS:
+        answers.append(await ask(http, "GET", events, headers={**auth, "Last-Event-ID": position}))
+        answers.append(await ask(http, "GET", f"{events}?last_event_id={quote(position, safe='')}", headers=auth))
+    answers += [await ask(http, "GET", events + query, headers=auth) for query in QUERIES]
+    for value in AUTHS:
+        for path in (f"/v1/streams/{SID}/events", f"/v1/streams/{SID}", f"/v1/streams/{SID}/ui"):
+            answers.append(await ask(http, "GET", base + path, headers={"Authorization": value}))
+    answers += [await ask(http, "GET", base + path, headers=auth) for path in PATHS]
+    for body in BODIES:
+        for content_type in ("application/json", "text/plain", "application/json; charset=latin-1"):
+            answers.append(await ask(http, "POST", f"{base}/v1/streams", data=io.BytesIO(body),
+                                     headers={**key, "Content-Type": content_type}))
+    for body in [b"", b"{}", b'{"scope":"internal"}', b'{"scope":1}', b"[", b'{"scope":"public","x":1}', b"null"]:
+        for action in ("tokens", "cancel"):
+            answers.append(await ask(http, "POST", f"{base}/v1/streams/{SID}/{action}", data=body, headers=key))
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):
+        answers += [await ask(http, method, events, headers=auth), await ask(http, method, f"{base}/v1/streams")]
+    return answers
+
+
+async def raw_answers(port: int) -> list[str | None]:
+    """Send every hostile request as raw bytes; what is wrong with each answer."""
+    request = (f"GET /v1/streams/{SID}/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               f"Authorization: Bearer {token_for(SID)}\r\n").encode()
+    answers = [await raw(port, request + extra + b"\r\n") for extra in RAW]
+    return answers + [await raw(port, line) for line in (
+        b"GET /v1/streams/\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET http://evil/v1/streams/%b/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % SID.encode(),
+        b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\nConnection: close\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n")]
+
+
 async def test_hostile_requests_get_documented_answers_and_the_publisher_serves_on(
         server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
     publisher = await start_publisher(server.url, keys.prefix, FANOUT_MAX_BODY_BYTES=1 << 20, FANOUT_LOG_LEVEL="DEBUG")
     script = text_script(SID, 12, terminal=True)
     await Writer(client, keys).meta(SID)
     await Writer(client, keys).store(script.events)
-    base, key = publisher.base, {"Authorization": f"Bearer {API_KEY}"}
-    auth = {"Authorization": f"Bearer {token_for(SID)}"}
-    events = f"{base}/v1/streams/{SID}/events"
-    answers: list[str | None] = []
     async with aiohttp.ClientSession() as http:
-        for position in POSITIONS:
-            answers.append(await ask(http, "GET", events, headers={**auth, "Last-Event-ID": position}))
-            answers.append(await ask(http, "GET", f"{events}?last_event_id={quote(position, safe='')}", headers=auth))
-        answers += [await ask(http, "GET", events + query, headers=auth) for query in QUERIES]
-        for value in AUTHS:
-            for path in (f"/v1/streams/{SID}/events", f"/v1/streams/{SID}", f"/v1/streams/{SID}/ui"):
-                answers.append(await ask(http, "GET", base + path, headers={"Authorization": value}))
-        answers += [await ask(http, "GET", base + path, headers=auth) for path in PATHS]
-        for body in BODIES:
-            for content_type in ("application/json", "text/plain", "application/json; charset=latin-1"):
-                answers.append(await ask(http, "POST", f"{base}/v1/streams", data=io.BytesIO(body),
-                                         headers={**key, "Content-Type": content_type}))
-        for body in [b"", b"{}", b'{"scope":"internal"}', b'{"scope":1}', b"[", b'{"scope":"public","x":1}', b"null"]:
-            for action in ("tokens", "cancel"):
-                answers.append(await ask(http, "POST", f"{base}/v1/streams/{SID}/{action}", data=body, headers=key))
-        for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):
-            answers += [await ask(http, method, events, headers=auth), await ask(http, method, f"{base}/v1/streams")]
-    request = f"GET /v1/streams/{SID}/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
-    answers += [await raw(publisher.port, request + auth_line + extra + b"\r\n")
-                for extra in RAW for auth_line in [f"Authorization: Bearer {token_for(SID)}\r\n".encode()]]
-    answers += [await raw(publisher.port, line) for line in (
-        b"GET /v1/streams/\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        b"GET http://evil/v1/streams/%b/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % SID.encode(),
-        b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\nConnection: close\r\n\r\n",
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n")]
-    assert [answer for answer in answers if answer is not None] == []
-    async with aiohttp.ClientSession() as http:
-        reader = Follower(base, SID, token_for(SID))
+        answers = await api_answers(http, publisher.base) + await raw_answers(publisher.port)
+        assert [answer for answer in answers if answer is not None] == []
+        reader = Follower(publisher.base, SID, token_for(SID))
         await reader.run(http)
     assert reader.seqs == list(range(1, 13))
     assert log_problems(publisher.log()) == []

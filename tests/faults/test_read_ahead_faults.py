@@ -106,6 +106,14 @@ async def random_stalls(rng: random.Random, client: StallClient, quitter: bool) 
             return
 
 
+async def quit_mid_stall(publisher: PublisherProcess, sid: str, rng: random.Random) -> None:
+    """A reader from the start that stalls at random and leaves during a stall (or at the end)."""
+    client = StallClient(publisher.port, sid, API_KEY)
+    await client.connect()
+    await random_stalls(rng, client, quitter=True)
+    client.close()
+
+
 FAULTS = ["sleep", "kill", "pubsub", "freeze", "freeze-cut", "cut"] * 2
 
 
@@ -154,17 +162,10 @@ async def test_stalling_readers_get_their_projection_once_through_redis_faults_a
     injecting = asyncio.create_task(faults(rng, admin, proxy))
     starts = [(None, "api"), (None, "public"), (None, "internal"), ("256", "public"), ("257", "api"),
               (str(top // 2), "public"), (str(top - 3), "internal")]
-
-    async def quitter() -> None:
-        client = StallClient(publisher.port, script.sid, API_KEY)
-        await client.connect()
-        await random_stalls(rng, client, quitter=True)
-        client.close()
-
     reading = [asyncio.create_task(follow(publisher, script.sid, script.top, last_id=last_id, scope=scope,
                                           stalls=lambda c: random_stalls(rng, c, quitter=False)))
                for last_id, scope in starts]
-    quitting = [asyncio.create_task(quitter()) for _ in range(3)]
+    quitting = [asyncio.create_task(quit_mid_stall(publisher, script.sid, rng)) for _ in range(3)]
     await asyncio.sleep(1.0)
     for at in range(top, len(script.events), 5):
         await writer.append(script.events[at:at + 5])
