@@ -77,10 +77,13 @@ class RedisServer:
         cluster: Start with ``cluster-enabled yes``.
         binary: The server binary (default :func:`server_binary`).
         extra: More ``--option value`` arguments.
+        password: ``requirepass``: clients must authenticate (:meth:`client` does).
     """
 
-    def __init__(self, *, cluster: bool = False, binary: str | None = None, extra: list[str] | None = None) -> None:
+    def __init__(self, *, cluster: bool = False, binary: str | None = None, extra: list[str] | None = None,
+                 password: str | None = None) -> None:
         self.cluster, self.binary, self.extra = cluster, binary or server_binary(), extra or []
+        self.password = password
         self.dir = tempfile.mkdtemp(prefix="fanout-test-redis-")
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -96,6 +99,8 @@ class RedisServer:
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                      "--cluster-node-timeout", "2000"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         return args + self.extra
 
     def start(self) -> None:
@@ -123,7 +128,7 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         """A synchronous client of this node alone."""
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, password=self.password)
 
     def stop(self) -> None:
         """SIGTERM and wait (no persistence: the data is gone)."""
@@ -234,9 +239,10 @@ def redis_cluster(*, masters: int = 3, replicas: int = 0, binary: str | None = N
 
 
 @contextlib.contextmanager
-def redis_node(*, extra: list[str] | None = None, binary: str | None = None) -> Iterator[RedisServer]:
+def redis_node(*, extra: list[str] | None = None, binary: str | None = None,
+               password: str | None = None) -> Iterator[RedisServer]:
     """Start one private server (:class:`RedisServer`) for the block's life."""
-    server = RedisServer(extra=extra, binary=binary)
+    server = RedisServer(extra=extra, binary=binary, password=password)
     try:
         server.start()
         yield server
