@@ -199,7 +199,7 @@ async def _enqueue(request: web.Request, stream_id: str, sub: Submission, now_ms
         await redis.delete(keys.meta(stream_id))
         raise
     text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-    await redis.hset(keys.meta(stream_id), "job_id", keys.job_ref(stream, text_id))
+    await redis.hsetnx(keys.meta(stream_id), "job_id", keys.job_ref(stream, text_id))  # never over a claim's
 
 
 async def submit(request: web.Request) -> web.Response:

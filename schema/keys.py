@@ -32,7 +32,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``,
   ``created_ms``, ``last_seq=0`` and no TTL. Then ``XADD P:jobs:{<n>} * j <Job JSON>``
   with ``n = shard_of(stream_id, FANOUT_JOB_SHARDS)`` (CRC-32 modulo the count; no cap:
-  the shards hold only jobs in flight), then ``HSET meta job_id <job ref>`` (``<jobs
+  the shards hold only jobs in flight), then ``HSETNX meta job_id <job ref>`` (``<jobs
   stream>/<entry id>``). The two writes are separate commands in separate slots. Every
   publisher also records its shard count (``SADD P:jobshards <n>``) at start and at most
   every 30 s of submissions, and creates its shards' groups at start. When the ``XADD``
@@ -116,7 +116,8 @@ META_FIELDS: Final = {
     "started_ms": "first claim time (HSETNX: later claims keep it)",
     "ended_ms": "terminal event time",
     "body_hash": "hash of the submitted body, for idempotent resubmission",
-    "job_id": "entry id of the job in the jobs stream (set after the XADD, and again at every claim)",
+    "job_id": "ref of the job entry that runs the stream (set after the XADD only when missing, and at every claim); "
+              "a claim from another entry while the stream runs is a duplicate (the XADD re-sent after a lost reply)",
     "batch": "random id of the last stored batch (an append retried after a lost reply finds it: landed)",
     "epoch": "the generation stored (contract 1.1): set with seq 1 by the writer of stream.start; later batches must "
              "name it (a Redis restored from an older snapshot no longer holds it: their writer is fenced out)",

@@ -90,6 +90,8 @@ class JobRun(JobStorage):
         """
         job = self.job
         claim = await self._claim()
+        if isinstance(claim, Claim) and claim.duplicate_of:
+            claim = await self._duplicate(claim.duplicate_of)
         if not isinstance(claim, Claim):
             return claim
         if claim.done:
@@ -117,7 +119,22 @@ class JobRun(JobStorage):
                  job.provider, outcome, terminal.status if terminal else "-", self._attempts)
         return outcome
 
-    async def _claim(self) -> Claim | Outcome:
+    async def _duplicate(self, other: str) -> Claim | Outcome:
+        """This entry repeats the job another entry (``other``) runs: ack it, or claim if ``other`` is gone.
+
+        A job ``XADD`` re-sent after its reply was lost stores the job twice; claiming the
+        second entry would fence the healthy run of the first one and end its stream
+        ``worker_lost``. Only when ``other`` is no longer pending (nobody owns the stream)
+        does this entry take the stream over.
+        """
+        if await self.ctx.leases.is_pending(other):
+            log.warning("event=duplicate_job stream_id=%s job=%s runs_as=%s action=ack", self.job.stream_id,
+                        self.entry_id, other)
+            await self._ack()
+            return "skipped"
+        return await self._claim(force=True)
+
+    async def _claim(self, *, force: bool = False) -> Claim | Outcome:
         """Claim the stream, retried like a write (:func:`worker.storage.with_retry`).
 
         A retried claim whose first try was applied only moves the token one further (the
@@ -133,7 +150,7 @@ class JobRun(JobStorage):
         try:
             return await with_retry(
                 lambda: self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
-                                              entry_id=self.entry_id, now_ms=self._claim_ms),
+                                              entry_id=self.entry_id, now_ms=self._claim_ms, force=force),
                 policy=self.ctx.appender.retry, sleep=self._storage_sleep, what="claim", stream_id=job.stream_id)
         except Stopped:
             return "abandoned"

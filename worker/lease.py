@@ -52,8 +52,11 @@ from worker.redis_client import RedisClient
 
 CLAIM_LUA: Final = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', '0', '0', '0', ''} end
-local m = redis.call('HMGET', KEYS[1], 'state', 'last_seq', 'started_ms', 'epoch')
+local m = redis.call('HMGET', KEYS[1], 'state', 'last_seq', 'started_ms', 'epoch', 'job_id')
 if m[1] == 'done' then return {'done', m[2] or '0', '0', m[3] or '0', m[4] or ''} end
+if m[1] == 'running' and m[5] and m[5] ~= ARGV[5] and ARGV[6] ~= 'force' then
+  return {'duplicate', m[2] or '0', '0', m[3] or '0', m[4] or '', m[5]}
+end
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'running', 'job_id', ARGV[5])
 redis.call('HSETNX', KEYS[1], 'started_ms', ARGV[2])
@@ -62,8 +65,12 @@ redis.call('HSETNX', KEYS[1], 'provider', ARGV[3])
 redis.call('HSETNX', KEYS[1], 'model', ARGV[4])
 return {'running', m[2] or '0', tostring(token), m[3] or ARGV[2], m[4] or ''}
 """
-"""KEYS = meta, tomb (the stream's slot); ARGV = owner, now_ms, provider, model, job entry id.
-Answers ``{state, last_seq, token, started_ms, epoch}`` (``epoch`` '' when meta has none)."""
+"""KEYS = meta, tomb (the stream's slot); ARGV = owner, now_ms, provider, model, job ref, ``force`` or ''.
+Answers ``{state, last_seq, token, started_ms, epoch}`` (``epoch`` '' when meta has none), or
+``{'duplicate', ..., <job ref>}`` without claiming when another job entry of the same stream
+runs it (meta ``job_id``): the same job stored twice (a job ``XADD`` re-sent after its
+reply was lost). ``force`` claims anyway: the caller found that other entry no longer
+pending, so nobody runs the stream."""
 
 TOUCH_LUA: Final = """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
@@ -102,6 +109,8 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     epoch: str = ""
     """Meta ``epoch``: the generation whose events are stored ('' before ``stream.start``, or on
     a stream written before contract 1.1)."""
+    duplicate_of: str = ""
+    """Set, with nothing claimed, when another job entry (this ref) runs the stream."""
 
 
 def _text(value: bytes | str | int) -> str:
@@ -125,19 +134,29 @@ class Leases:
         self._touch: AsyncScript = redis.register_script(TOUCH_LUA)
         self._ack: AsyncScript = redis.register_script(ACK_LUA)
 
-    async def claim(self, *, stream_id: str, provider: str, model: str, entry_id: str, now_ms: int) -> Claim:
+    async def claim(self, *, stream_id: str, provider: str, model: str, entry_id: str, now_ms: int,
+                    force: bool = False) -> Claim:
         """Become the stream's owner: increment meta ``token``, set ``owner``, ``state=running``.
 
         Creates the meta fields a publisher would have set (``provider``, ``model``,
-        ``last_seq=0``) when missing. A finished stream is not claimed.
+        ``last_seq=0``) when missing. A finished stream is not claimed, nor (unless
+        ``force``) one that another job entry runs (:attr:`Claim.duplicate_of`).
         """
         reply = await self._claim(
             keys=[self.keys.meta(stream_id), self.keys.tomb(stream_id)],
-            args=[self.consumer, now_ms, provider, model, entry_id],
+            args=[self.consumer, now_ms, provider, model, entry_id, "force" if force else ""],
         )
-        state, last_seq, token, started, epoch = (_text(v) for v in reply)
+        state, last_seq, token, started, epoch, *other = (_text(v) for v in reply)
         return Claim(done=state == "done", last_seq=int(last_seq), token=int(token), started_ms=int(started),
-                     epoch=epoch)
+                     epoch=epoch, duplicate_of=other[0] if state == "duplicate" else "")
+
+    async def is_pending(self, ref: str) -> bool:
+        """Return whether job entry ``ref`` is still pending in its consumer group (someone owns it).
+
+        Follows the Redis page of XPENDING (extended form).
+        """
+        stream, bare_id = self.keys.parse_job_ref(ref)
+        return bool(await self.redis.xpending_range(stream, JOBS_GROUP, min=bare_id, max=bare_id, count=1))
 
     async def renew(self, *, entry_id: str, stream_id: str, token: int) -> RenewOutcome:
         """Reset the job's idle time if this process still owns it; report the cancel flag.

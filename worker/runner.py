@@ -141,7 +141,8 @@ class Worker:
                 try:
                     streams = await self.intake.streams()
                 except redis.exceptions.RedisError as exc:
-                    log.error("event=intake_failed %s", fault_fields(exc))
+                    level = logging.ERROR if fault_kind(exc) == "permanent" else logging.WARNING
+                    log.log(level, "event=intake_failed %s", fault_fields(exc))
                     streams = list(readers)
                 for stream in streams:
                     if stream not in readers or readers[stream].done():

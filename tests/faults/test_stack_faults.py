@@ -9,8 +9,8 @@ has its connections killed, is frozen (SIGSTOP) for a second, then is killed (-9
 restarted with its append-only file (every write fsynced).
 
 What held: every reader got seqs 1..n once, in order, each event byte-equal to the stored
-one, ending with the terminal event. No process logged a traceback or an ERROR, but for the
-worker's ``intake_failed`` on a killed connection (below). A restart that loses the data
+one, ending with the terminal event. No process logged a traceback or an ERROR (a jobs-stream
+read failed by a killed connection is a WARNING: a retry cures it). A restart that loses the data
 (the round's ``restart-lose``: a prefix then an explicit ``stream.gap``, 404 or 410) is
 tests/faults/test_live_faults.py's restart test on the reading side and
 tests/worker/test_redis_restart.py's on the workers' side.
@@ -42,9 +42,6 @@ CASES = [("anthropic", "several_blocks_thinking_text_two_tools"), ("openai_chat"
 STREAMS, READERS = 6, 4
 ENV = {"FANOUT_HEARTBEAT_S": "1", "FANOUT_REDIS_TIMEOUT_S": "1", "FANOUT_LEASE_S": "5", "FANOUT_CLIENT_QUEUE": "4",
        "FANOUT_API_KEYS": API_KEY, "FANOUT_TOKEN_SECRET": SECRET}
-KNOWN = ("event=intake_failed",)
-"""A worker logs a jobs-stream read that failed on a killed connection at ERROR (retried after 1 s);
-left to the work on transient Redis refusals. Nothing else may be an ERROR."""
 
 
 def request_for(provider: str) -> dict[str, object]:
@@ -202,4 +199,4 @@ async def test_every_reader_of_every_stream_gets_it_whole_through_kills_a_freeze
         assert all(events[seq] == data for seq, data in reader.got), reader.sid
         assert json.loads(reader.got[-1][1])["type"] == reader.terminal
     for name, text in logs.items():
-        assert log_problems(text, allowed=KNOWN) == [], name
+        assert log_problems(text) == [], name

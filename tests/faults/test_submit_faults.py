@@ -67,10 +67,6 @@ async def test_a_503_after_the_job_was_stored_keeps_one_job_and_a_retry_returns_
     assert log_problems(publisher.log()) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open finding (docs/faults.md): the publisher's Redis client retries a job XADD whose reply was lost, so the "
-    "job is stored twice; the second entry's claim fences the running first one and the stream ends "
-    "interrupted/worker_lost"))
 async def test_a_job_write_whose_reply_was_lost_runs_its_stream_once_to_completion(
         server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
     async with FaultProxy(server.port) as proxy, fake_upstream(SLOW) as (upstream, _), \
