@@ -120,7 +120,7 @@ class JobRun(JobStorage):
         return outcome
 
     async def _duplicate(self, other: str) -> Claim | Outcome:
-        """This entry repeats the job another entry (``other``) runs: ack it, or claim if ``other`` is gone.
+        """Ack this entry, a repeat of the job another entry (``other``) runs, or claim if ``other`` is gone.
 
         A job ``XADD`` re-sent after its reply was lost stores the job twice; claiming the
         second entry would fence the healthy run of the first one and end its stream
