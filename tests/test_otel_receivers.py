@@ -129,7 +129,7 @@ async def _one_stream(stack: LocalStack) -> str:
     """Submit one job, read it to the end, then resume at the end (204); return the stream id."""
     async with aiohttp.ClientSession(stack.base_url) as http:
         submitted, text = await _submit_and_read(http, stack, PROVIDER, MODEL)
-        last = max(int(seq) for seq in re.findall(r"^id: (\d+)$", text, flags=re.MULTILINE))
+        last = max(int(seq) for seq in re.findall(r"^id: (\d+)(?:\.\w+)?$", text, flags=re.MULTILINE))  # <seq>.<epoch>
         assert "event: stream.done" in text
         headers = {"Authorization": f"Bearer {stack.api_key}", "Last-Event-ID": str(last)}
         async with http.get(submitted["events_url"], headers=headers) as resp:
