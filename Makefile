@@ -6,13 +6,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint typecheck schema helm-template image-check clean
+.PHONY: demo test install lint typecheck docs schema helm-template image-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,otel,fast]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,otel,fast,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,13 +21,17 @@ demo: install
 	$(BIN)/fanout demo $(ARGS)
 
 lint: install
-	$(BIN)/ruff check schema worker publisher client tests bench fanout_cli.py
+	$(BIN)/ruff check schema worker publisher client tests bench docs/hooks fanout_cli.py
 
 typecheck: install
 	$(BIN)/mypy
 
 test: lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into site/; any warning fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 schema: install
 	$(BIN)/python -m schema.jsonschema
@@ -41,4 +45,4 @@ image-check:
 	bash scripts/image_check.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

@@ -51,7 +51,7 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
                2: BAD_INPUT},
     "health": {0: "healthy", 1: "unhealthy (the reason is printed)", 2: BAD_INPUT},
 }
-"""Command → exit status → meaning (README.md, "Python client and command line"); 130 is Ctrl-C."""
+"""Command → exit status → meaning (docs/client.md, "Exit statuses"); 130 is Ctrl-C."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("worker.replay_cli", "normalize a recorded provider body offline and print the events"),

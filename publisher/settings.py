@@ -32,11 +32,12 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Every knob of the publisher; field ``x`` is read from ``FANOUT_X``."""
 
     api_keys: list[str] = msgspec.field(default_factory=list)
-    """Bearer API keys allowed to submit jobs and read any stream (comma-separated)."""
+    """Bearer API keys allowed to submit and cancel jobs and read any stream (comma-separated)."""
     token_secret: str = ""
-    """HMAC-SHA256 key of read tokens; every publisher of a deployment shares it."""
+    """HMAC-SHA256 key of read tokens; every publisher of a deployment shares it. Required (at
+    least 32 characters) unless ``FANOUT_DEV=1``."""
     dev: bool = False
-    """Development mode: a missing token secret is generated (per process) with a warning."""
+    """Development mode (or ``--dev``): a missing token secret is generated (per process) with a warning."""
     token_ttl_s: Positive = 3600
     """Lifetime of a read token, seconds."""
     sse_retry_ms: Annotated[int, msgspec.Meta(ge=0)] = 2000
@@ -46,8 +47,8 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     client_queue: Positive = 1024
     """Events a reader may have queued before its connection is closed (overflow)."""
     write_timeout_s: PositiveFloat = 60.0
-    """Longest an SSE response may wait for its client to take the next 64 KiB, seconds;
-    past it the connection is closed (a client that stopped reading)."""
+    """Longest an SSE response may wait for its client to take the next 64 KiB, seconds, also
+    during history replay; past it the connection is closed (a client that stopped reading)."""
     max_body_bytes: Positive = 1024 * 1024
     """Largest accepted request body, bytes; one more byte is a 413."""
     max_connections: Positive = 10_000
@@ -55,7 +56,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``retry:`` hint and a ``busy: too-many-connections`` comment (``/ui``: 503 with ``Retry-After``)."""
     busy_retry_after_s: Positive = 2
     """Reconnection delay hinted to a client turned away for a transient reason, seconds:
-    ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, spread) of an SSE
+    ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, jittered ±50 %) of an SSE
     request answered 200 then closed."""
     max_sockets: Positive = 12_000
     """Open client sockets per process, of every route; one more is closed at once, before
@@ -77,9 +78,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str = DEFAULT_REDIS_URL
     """Redis server URL (``REDIS_URL``)."""
     redis_max_connections: Positive = 128
-    """Size of the Redis connection pool (one connection is the hub's pub/sub)."""
+    """Size of the Redis connection pool, per node on a cluster (one connection is the hub's pub/sub)."""
     redis_pool_timeout_s: PositiveFloat = 5.0
-    """How long a command waits for a free pooled connection before failing (503), seconds."""
+    """Single node: how long a command waits for a free pooled connection before failing (503; SSE:
+    200 with a ``retry:`` hint), seconds. A cluster's full node pool fails at once."""
     redis_timeout_s: Annotated[float, msgspec.Meta(ge=0.1)] = 2.0
     """Longest wait for Redis to answer one command, or to accept a connection, seconds. A
     command that times out is retried on a new connection (three times, with backoff of up
@@ -87,7 +89,11 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``retry:`` hint and the end of the response), instead of waiting for a Redis that
     stopped answering. One command can so take about four times this plus 2 s, and a
     request that needs several commands (an SSE request reads meta, then history) several
-    times that. At least 0.1: below it a long history page times out on a healthy Redis."""
+    times that. At least 0.1: below it a long history page times out on a healthy Redis. A live
+    response whose Redis answered neither of two live audits in a row (frozen, partitioned; an
+    audit runs every half ``FANOUT_HEARTBEAT_S`` on streams that heard nothing that long, and fails
+    when not answered within that half interval or this timeout, whichever is longer) ends too,
+    so its client reconnects with ``Last-Event-ID``."""
     redis_prefix: str = "fanout"
     """Key prefix of the deployment (schema.keys)."""
     redis_cluster: bool = False
@@ -96,9 +102,11 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``FANOUT_LIVE_PUBSUB``: pub/sub of the live channels; ``auto`` is sharded on a Redis 7
     cluster, classic elsewhere (:func:`worker.redis_client.live_mode`); workers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
-    """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id."""
+    """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id
+    (16 suits a cluster)."""
     read_page: Positive = 2048
-    """Most entries per ``XRANGE`` page when replaying or tailing a stream."""
+    """Most entries per ``XRANGE`` page when replaying or tailing a stream (the next page is read
+    while one is written: ``read_ahead_hold_ms``)."""
     read_first_page: Positive = 256
     """Entries of a response's first history page (small, so the first byte leaves soon);
     every later page is ``read_page`` entries."""
@@ -112,8 +120,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """After each read of the live-channel connection, leave it unread this long, so the
     notifications arriving meanwhile are handled in one read (fewer wake-ups per delivery
     under load: at 3,000 notifications/s, 3 ms costs about 35 µs of CPU per delivery where
-    1 ms costs 43), milliseconds; only a notification that arrives within this time of
-    the previous read waits, at most this long; 0 reads at once."""
+    1 ms costs 43), milliseconds; the rest lasts this long, or as long as the fan-out took,
+    or, while no live stream's notifications carry their events and that read waits for a
+    ``FANOUT_LIVE_READ_MS`` token, until that token, at most 25 ms. Only a notification that
+    arrives within that time of the previous read waits; 0 reads at once."""
     live_read_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 10.0
     """One live read per this many milliseconds on average (in bursts of up to 3). A live
     read serves every stream whose notification carried no events (or showed a gap) since
@@ -125,9 +135,11 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     cancel_ttl_s: Positive = 24 * 3600
     """Lifetime of a stream's cancel flag, seconds."""
     uvloop: bool = True
-    """Run on uvloop when it is installed (extra ``fast``); ``FANOUT_UVLOOP=0`` keeps asyncio's loop."""
+    """Run on uvloop when it is installed (extra ``fast``: ``pip install 'fanout[fast]'``);
+    ``FANOUT_UVLOOP=0`` keeps asyncio's loop."""
     demo_page: bool = False
-    """Serve the demo page at ``GET /demo`` (``FANOUT_DEMO_PAGE=1``)."""
+    """Serve the demo page at ``GET /demo`` and its routes, which submit jobs without an API key:
+    a local demo stack only, never beside real provider credentials."""
 
 
 def settings_from_env(environ: Mapping[str, str], **overrides: object) -> PublisherSettings:

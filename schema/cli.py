@@ -3,8 +3,8 @@
 A subcommand raises :class:`CommandError` for a mistake the user can fix (a bad flag or
 variable, an unreadable file, a service it cannot reach); ``fanout_cli.main`` prints
 ``fanout <command>: <message>`` on stderr, never a traceback, and exits with the
-error's status. The statuses are documented in README.md ("Python client and command
-line"); they and :class:`CommandError` live in :mod:`fanout_client.errors`, so the
+error's status. The statuses are documented in docs/client.md ("Exit statuses"); they
+and :class:`CommandError` live in :mod:`fanout_client.errors`, so the
 client's own commands share them. The argparse ``type`` parsers here (:func:`at_least`,
 :func:`above`, :func:`port_number`, :func:`existing_directory`) turn a bad flag value into
 argparse's one-line usage error (exit 2) for every subcommand alike. Pure: parses text,
@@ -30,7 +30,7 @@ from fanout_client.errors import CommandError as CommandError
 REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 """URL schemes redis-py accepts (redis-py ``ConnectionPool.from_url``)."""
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
-"""The Redis every role uses when ``REDIS_URL`` (or ``--redis-url``) is unset (README, configuration)."""
+"""The Redis every role uses when ``REDIS_URL`` (or ``--redis-url``) is unset (docs/configuration.md)."""
 MAX_PORT: Final = 65535
 """Largest TCP port number (RFC 793: ports are 16-bit)."""
 SECRET_QUERY_NAMES: Final = frozenset({"password"})

@@ -55,7 +55,9 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The log settings of a process; field ``x`` is read from ``FANOUT_X``."""
 
     log_level: LogLevel = "INFO"
-    """``FANOUT_LOG_LEVEL``: records below it are dropped, by every handler of the root logger."""
+    """``FANOUT_LOG_LEVEL``: records below it are dropped, by every handler of the root logger (the
+    log format's and the OpenTelemetry log export alike); ``--log-level`` of ``fanout worker`` and
+    ``fanout publisher`` overrides it."""
     log_format: LogFormat = "logfmt"
     """``FANOUT_LOG_FORMAT``: ``logfmt`` lines or ``json`` objects, one per line, on stderr."""
 

@@ -9,7 +9,7 @@ slots are released at once (``XCLAIM ... IDLE <lease>``), so the next ``XAUTOCLA
 worker takes them and ``concurrency`` is never exceeded. An entry of a job already running
 here (handed back by ``XAUTOCLAIM``, or delivered again by a group recreated at id 0) is not
 started a second time. An idle worker thus sends two
-commands per stream per ``block_ms`` (README, "Sharded jobs"). Each job runs as its own
+commands per stream per ``block_ms`` (docs/architecture.md, "Sharded jobs"). Each job runs as its own
 task (:class:`~worker.job_run.JobRun`). One
 Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose job
 cannot run is acked, after ending its stream ``failed`` when it names one

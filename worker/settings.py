@@ -35,18 +35,21 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     redis_prefix: str = "fanout"
     """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""
     redis_cluster: bool = False
-    """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster (:mod:`worker.redis_client`)."""
+    """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` (``redis://`` or ``rediss://``) names a seed node of a Redis
+    Cluster (:mod:`worker.redis_client`)."""
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: how the append script notifies live channels; ``auto`` is
-    ``SPUBLISH`` on a Redis 7 cluster, ``PUBLISH`` elsewhere (:func:`worker.redis_client.live_mode`);
-    publishers must agree."""
+    ``SPUBLISH`` on a cluster whose every primary runs Redis 7+, ``PUBLISH`` elsewhere
+    (:func:`worker.redis_client.live_mode`); ``sharded`` on a single node or a primary older than
+    7.0 is refused at start (exit 2); publishers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: jobs streams ``P:jobs:{0..n-1}``; the worker serves at least
     these and every shard count a publisher recorded (:mod:`worker.shards`)."""
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
     """Streams one worker process runs at once (``--concurrency``)."""
     block_ms: Annotated[int, msgspec.Meta(ge=1)] = 2000
-    """``XREADGROUP BLOCK`` while waiting for jobs; bounds how fast shutdown stops intake."""
+    """``XREADGROUP BLOCK`` while waiting for jobs; bounds how fast shutdown stops intake. An idle
+    worker sends two commands per jobs stream per block."""
 
     connect_timeout_s: _Positive = 10.0
     """TCP (and TLS) connect to the provider; past it the attempt fails ``timeout``."""
@@ -76,7 +79,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``MISCONF`` is tried again, seconds; capped by ``lease_s`` (:attr:`append_retry_window_s`).
     ``OOM``/``MISCONF`` lasting longer end the stream ``failed``/``internal``."""
     append_retry_base_s: _Positive = 0.05
-    """First backoff window of those retries; doubles per try (full jitter)."""
+    """First backoff window of those retries (and of failed lease renewals); doubles per try (full jitter)."""
     append_retry_max_delay_s: _Positive = 1.0
     """Longest single wait between two tries of a failed write."""
     terminal_wait_replicas: Annotated[int, msgspec.Meta(ge=0, le=16)] = 0
@@ -92,17 +95,19 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     stream_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 86_400
     """TTL of a finished stream's events and meta."""
     tombstone_ttl_s: Annotated[int, msgspec.Meta(ge=1)] = 7 * 86_400
-    """TTL of the tombstone (``last_seq``, ``status``) that outlives the events."""
+    """TTL of the tombstone (``last_seq``, ``status``) that outlives the events, so a reader gets
+    ``204``/``410`` instead of ``404``."""
     done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
-    """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream."""
+    """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream ``P:done``."""
     live_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
     """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
     notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
-    """Largest SSE frame or JSON-array element accepted from a provider."""
+    """Largest SSE frame or JSON-array element accepted from a provider; past it ``failed``/``protocol``."""
 
     openai_base_url: str = "https://api.openai.com/v1"
-    """OpenAI API root; ``/chat/completions`` or ``/responses`` is appended."""
+    """OpenAI (or compatible server) API root; ``/chat/completions`` or ``/responses`` is appended.
+    Each ``*_BASE_URL`` must be an http(s) URL with a host (checked at start, exit 2 otherwise)."""
     anthropic_base_url: str = "https://api.anthropic.com"
     """Anthropic API root; ``/v1/messages`` is appended."""
     gemini_base_url: str = "https://generativelanguage.googleapis.com"

@@ -3,7 +3,7 @@
 Spans: ``fanout.job`` (one per job run, CONSUMER; the child of the publisher's submit span
 when the job carries W3C trace context) and its child ``fanout.upstream`` (one per upstream
 attempt, CLIENT); attributes ``fanout.stream_id``, ``fanout.provider``, ``fanout.model``,
-``fanout.status``. Metrics: :data:`METRICS` (the README's metrics table lists the same).
+``fanout.status``. Metrics: :data:`METRICS` (the metrics table of docs/observability.md lists the same).
 Attribute values come from small fixed sets (:data:`ATTRIBUTE_VALUES`): never stream ids,
 model names or upstream text. Tests inject their own providers (in-memory exporter and
 reader); the global providers are never touched.

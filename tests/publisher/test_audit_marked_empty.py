@@ -1,7 +1,7 @@
 """A stream marked ended with no event of ours ends its live readers too.
 
 When storage refuses a stream's every write, the worker ends it without an event
-(:data:`worker.salvage.MARK_LUA`: meta ``state=done`` and the status). The README promises
+(:data:`worker.salvage.MARK_LUA`: meta ``state=done`` and the status). docs/reliability.md promises
 that an SSE reader's response then ends at its next idle heartbeat and its reconnect gets
 204. A reader that connected before the first event was stored (position 0, the stream
 ``queued``) is live with nothing fetched; when the refusal came at the very first append

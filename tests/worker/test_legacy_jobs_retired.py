@@ -1,7 +1,7 @@
 """The legacy jobs stream ``P:jobs`` is served while it exists, and stays deleted once retired.
 
 Earlier releases wrote jobs to the unsharded ``P:jobs``; a worker serves it "while it
-exists" (README, "Sharded jobs"), so an operator retires it by deleting it once empty. A
+exists" (docs/architecture.md, "Sharded jobs"), so an operator retires it by deleting it once empty. A
 worker blocked on it then gets ``UNBLOCKED the stream key no longer exists`` (Redis 7) or,
 on its next read, ``NOGROUP`` (Redis 6.2); the intake took both for a lost group and
 recreated the group with ``MKSTREAM``, which put the stream back at once, so it existed
