@@ -12,7 +12,7 @@ Terminal signals, the only ones that end a stream here. A normal end is proven b
 | --- | --- | --- |
 | ``end_turn``, ``stop_sequence`` | completed | stop (tool_calls with tool calls) |
 | ``tool_use`` | completed | tool_calls |
-| ``pause_turn`` | completed | pause |
+| ``pause_turn``, ``compaction`` (amended) | completed | pause |
 | ``refusal`` | completed | refusal |
 | ``max_tokens``, ``model_context_window_exceeded`` (closes open blocks) | incomplete | length |
 | any other value | incomplete | other |

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
 from schema.contract import Event, FinishReason
 from schema.errors import FanoutError, UpstreamProtocolError
-from worker.frames import Frame
+from worker.frames import Frame, SSEFrame
 from worker.normalizer import Normalizer
 
 Framing = Literal["sse", "json_array"]
+
+EMPTY_DATA: Final = "empty_data"
+"""Ignored-counter name of an SSE event whose data is empty or only whitespace."""
 
 _json: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 
@@ -88,6 +91,9 @@ class Adapter:
         """
         if self.norm.terminal is not None:
             self.norm.ignored["after_terminal"] += 1
+            return []
+        if isinstance(frame, SSEFrame) and not frame.data.strip():
+            self.norm.ignore(EMPTY_DATA)
             return []
         try:
             self._feed(frame)
