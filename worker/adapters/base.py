@@ -20,10 +20,10 @@ import msgspec
 
 from schema.contract import Event, FinishReason
 from schema.errors import FanoutError, UpstreamProtocolError
-from worker.frames import Frame, SSEFrame
+from worker.frames import AnyFrame, ErrorFrame, Frame, SSEFrame
 from worker.normalizer import Normalizer
 
-Framing = Literal["sse", "json_array"]
+Framing = Literal["sse", "json_array", "eventstream"]
 
 EMPTY_DATA: Final = "empty_data"
 """Ignored-counter name of an SSE event whose data is empty or only whitespace."""
@@ -54,7 +54,9 @@ class Adapter:
 
     Args:
         normalizer: The stream's normalizer (owns seq, blocks and the terminal event).
-        framing: How the body is framed (only Gemini offers ``json_array``).
+        framing: How the body is framed (only Gemini offers ``json_array``; Bedrock
+            answers in ``eventstream``: the Anthropic adapter for InvokeModelWithResponseStream,
+            ``bedrock_converse`` for ConverseStream).
     """
 
     provider: ClassVar[str] = ""
@@ -82,7 +84,7 @@ class Adapter:
         self.norm.start()
         return self.norm.take()
 
-    def feed(self, frame: Frame) -> list[Event]:
+    def feed(self, frame: AnyFrame) -> list[Event]:
         """Consume one frame and return the events it completes (often empty).
 
         A malformed payload or an impossible sequence ends the stream
@@ -92,6 +94,10 @@ class Adapter:
         if self.norm.terminal is not None:
             self.norm.ignored["after_terminal"] += 1
             return []
+        if isinstance(frame, ErrorFrame):
+            self.norm.fail(category=frame.category, message=frame.message, retryable=frame.retryable,
+                           provider_code=frame.provider_code, finish_reason=self.finish_seen())
+            return self.norm.take()
         if isinstance(frame, SSEFrame) and not frame.data.strip():
             self.norm.ignore(EMPTY_DATA)
             return []
@@ -130,6 +136,14 @@ class Adapter:
             self.norm.fail(category=error.category, message=error.message, retryable=error.retryable,
                            provider_code=code if isinstance(code, str) else None, finish_reason=self.seen_finish)
         return self.norm.take()
+
+    def finish_seen(self) -> FinishReason | None:
+        """Return the finish reason the provider sent before its terminal signal, if any.
+
+        Carried by a ``stream.error`` that an :class:`~worker.frames.ErrorFrame` ends;
+        adapters that track their own stop reason override it.
+        """
+        return self.seen_finish
 
     def _dispatch(self, handlers: Mapping[str, Callable[[dict[str, Any]], None]], name: str,
                   payload: dict[str, Any]) -> None:
