@@ -104,7 +104,7 @@ class Adapter:
         try:
             self._feed(frame)
         except UpstreamProtocolError as exc:
-            self.norm.fail(category="protocol", message=exc.message, finish_reason=self.seen_finish)
+            self.norm.fail(category="protocol", message=exc.message, finish_reason=self.finish_seen())
         return self.norm.take()
 
     def finish(self, *, truncated: bool = False) -> list[Event]:
@@ -122,7 +122,7 @@ class Adapter:
             self._finish(truncated=truncated)
         if self.norm.terminal is None:
             self.norm.fail(category="transport", message="upstream closed the connection before the response ended",
-                           finish_reason=self.seen_finish)
+                           finish_reason=self.finish_seen())
         return self.norm.take()
 
     def fail(self, error: FanoutError) -> list[Event]:
@@ -134,7 +134,7 @@ class Adapter:
         if self.norm.terminal is None:
             code = getattr(error, "provider_code", None)
             self.norm.fail(category=error.category, message=error.message, retryable=error.retryable,
-                           provider_code=code if isinstance(code, str) else None, finish_reason=self.seen_finish)
+                           provider_code=code if isinstance(code, str) else None, finish_reason=self.finish_seen())
         return self.norm.take()
 
     def finish_seen(self) -> FinishReason | None:
