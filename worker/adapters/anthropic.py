@@ -54,6 +54,7 @@ Quirks handled:
   contract v1: they, their deltas and stops are ignored and counted under the block type.
 * ``citations_delta`` and unknown delta types: ignored, counted under the delta type.
 * A duplicate ``message_start`` with the same id: ignored (``message_start.duplicate``).
+* Claude on Vertex AI (``:streamRawPredict``) streams this same SSE (UPSTREAMS.md B.4).
 * Bedrock (InvokeModelWithResponseStream, events arrive as
   :class:`~worker.frames.JSONFrame` from :mod:`worker.bedrock_frames`):
   ``amazon-bedrock-invocationMetrics`` on an event is ignored; a payload holding only

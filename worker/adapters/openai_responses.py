@@ -73,6 +73,9 @@ Quirks handled:
   under their item type or event name. ``keepalive`` events are counted as ``keepalive``.
 * ``data: [DONE]`` (some gateways): counted as ``[DONE]`` and never proof of an end.
 * ``response.created``/``in_progress``/``queued`` give the response id and model.
+* Azure OpenAI: the response's ``content_filters`` (``null`` in progress, filter
+  entries at the end) and deltas' ``obfuscation`` are ignored; a blocked completion
+  arrives as ``response.incomplete`` with reason ``content_filter`` (UPSTREAMS.md A.4).
 * Usage only from the terminal response; null when absent.
 """
 
