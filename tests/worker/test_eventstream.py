@@ -180,3 +180,11 @@ def test_lengths_that_cannot_hold_their_parts_fail_protocol() -> None:
 
 def _crc(data: bytes) -> bytes:
     return zlib.crc32(data).to_bytes(4, "big")
+
+
+def test_repeated_header_blocks_give_equal_but_independent_headers() -> None:
+    first, second = decode(CHUNK + CHUNK)
+    assert first.headers == second.headers
+    first.headers[":event-type"] = "changed"
+    assert second.headers[":event-type"] == "chunk"
+    assert decode(CHUNK)[0].headers[":event-type"] == "chunk"
