@@ -319,10 +319,11 @@ class EventStreamDecoder:
         return self._utf8(raw, "string header value"), pos
 
     def _read_timestamp(self, data: bytes, pos: int, base: int) -> tuple[HeaderValue, int]:
-        millis, pos = self._int_reader(5)(data, pos, base)
-        assert isinstance(millis, int)
+        layout = _INTS[5]
+        self._need(data, pos, layout.size, base)
+        (millis,) = layout.unpack_from(data, pos)
         try:
-            return _EPOCH + timedelta(milliseconds=millis), pos
+            return _EPOCH + timedelta(milliseconds=millis), pos + layout.size
         except OverflowError as exc:
             raise _bad(self._offset, "timestamp header out of range") from exc
 

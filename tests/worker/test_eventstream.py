@@ -188,3 +188,8 @@ def test_repeated_header_blocks_give_equal_but_independent_headers() -> None:
     first.headers[":event-type"] = "changed"
     assert second.headers[":event-type"] == "chunk"
     assert decode(CHUNK)[0].headers[":event-type"] == "chunk"
+
+
+def test_timestamp_out_of_range_fails_protocol() -> None:
+    body = encode_message([("ts", 8, 2**63 - 1)], b"")
+    assert error_of(body).message == "malformed event-stream message at byte 0: timestamp header out of range"
