@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import struct
 import uuid
 import zlib
@@ -193,3 +194,15 @@ def test_repeated_header_blocks_give_equal_but_independent_headers() -> None:
 def test_timestamp_out_of_range_fails_protocol() -> None:
     body = encode_message([("ts", 8, 2**63 - 1)], b"")
     assert error_of(body).message == "malformed event-stream message at byte 0: timestamp header out of range"
+
+
+def test_the_chunk_message_of_upstreams_c2_has_its_documented_bytes() -> None:
+    # UPSTREAMS.md C.2: total 226, headers 75, prelude CRC d6 38 d3 ce, message CRC 52 8e cb 0b.
+    event = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}'
+    payload = b'{"bytes":"' + base64.b64encode(event) + b'","p":"abcd"}'
+    headers: list[Header] = [(":event-type", 7, "chunk"), (":content-type", 7, "application/json"),
+                             (":message-type", 7, "event")]
+    raw = encode_message(headers, payload)
+    assert (raw[:12].hex(" "), raw[-4:].hex(" ")) == ("00 00 00 e2 00 00 00 4b d6 38 d3 ce", "52 8e cb 0b")
+    (message,) = decode(raw)
+    assert (message.event_type, message.payload) == ("chunk", payload)
