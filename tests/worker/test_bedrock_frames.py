@@ -14,6 +14,7 @@ from tests.eventstream_build import encode_message, main, message_of
 from worker.bedrock_frames import EXCEPTIONS, BedrockBody, failure_of, frame_of
 from worker.eventstream import EventStreamDecoder, EventStreamMessage
 from worker.frames import ErrorFrame, JSONFrame, SSEFrame
+from worker.pipeline import build_pipeline
 from worker.replay import replay_file, replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +137,19 @@ def test_exception_after_a_stop_reason_carries_it_as_finish_reason() -> None:
     last = events[-1]
     assert isinstance(last, StreamError)
     assert (last.error.category, last.finish_reason) == ("upstream_error", "stop")
+
+
+def test_pipeline_applies_max_frame_bytes_to_event_stream_messages() -> None:
+    big = message_of({"event": "contentBlockDelta", "payload": {"contentBlockIndex": 0, "delta": {"text": "x" * 2000}}})
+    pipeline = build_pipeline(provider="bedrock_converse", framing="eventstream", stream_id="st_t", model="m",
+                              clock=lambda: 0, max_frame_bytes=1024)
+    events = pipeline.start() + pipeline.feed(big[:12])  # the prelude alone is enough to refuse it
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category) == ("failed", "protocol")
+    assert f"of {len(big)} bytes exceeds max_message_bytes=1024 bytes" in last.error.message
+
+
+def test_event_stream_framing_for_an_api_bedrock_does_not_serve_is_refused() -> None:
+    with pytest.raises(KeyError):
+        build_pipeline(provider="gemini", framing="eventstream", stream_id="st_t", model="m", clock=lambda: 0)
