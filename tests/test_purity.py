@@ -16,6 +16,8 @@ PURE = [
     ROOT / "worker" / "sse.py",
     ROOT / "worker" / "sse_lines.py",
     ROOT / "worker" / "jsonarray.py",
+    ROOT / "worker" / "eventstream.py",
+    ROOT / "worker" / "bedrock_frames.py",
     ROOT / "worker" / "jsonscan.py",
     ROOT / "worker" / "normalizer.py",
     ROOT / "worker" / "error_policy.py",

@@ -4,12 +4,16 @@ An :class:`SSEFrame` is one dispatched SSE event (WHATWG HTML, "Interpreting an 
 stream"). A :class:`JSONFrame` is one complete JSON value that arrived outside SSE
 framing: an element of Gemini's streamed JSON array, or a raw, unframed JSON object
 (typically an ``{"error": ...}``) written into an SSE body without ``data:`` prefixes
-(PROVIDERS.md 5.3). Pure: no I/O imports.
+(PROVIDERS.md 5.3). An :class:`ErrorFrame` is an error the body's framing itself
+reported inside a 200 response (a Bedrock event-stream ``exception`` or ``error``
+message, UPSTREAMS.md C.2), already in contract terms. Pure: no I/O imports.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from schema.contract import ErrorCategory
 
 
 class SSEFrame(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,5 +36,21 @@ class JSONFrame(msgspec.Struct, frozen=True, kw_only=True):
     """The JSON text, exactly as received (not parsed)."""
 
 
+class ErrorFrame(msgspec.Struct, frozen=True, kw_only=True):
+    """An error reported by the body's framing (not by the provider's event vocabulary)."""
+
+    category: ErrorCategory
+    """The contract error category."""
+    retryable: bool
+    """Whether another attempt may succeed."""
+    provider_code: str | None
+    """The provider's name for the error (``throttlingException``, an ``:error-code``)."""
+    message: str
+    """The provider's message (the normalizer masks secrets and cuts it)."""
+
+
 Frame = SSEFrame | JSONFrame
+"""A provider event an adapter parses."""
+
+AnyFrame = SSEFrame | JSONFrame | ErrorFrame
 """Anything an adapter's ``feed`` accepts."""

@@ -1,7 +1,10 @@
 """Bytes in, contract events out: a framing decoder wired to a provider adapter.
 
-One :class:`Pipeline` per upstream response. The worker, ``fanout replay``, the tests
-and the fuzzers all drive this same object. Pure: imports no asyncio, aiohttp, redis
+One :class:`Pipeline` per upstream response. The adapter's framing picks the decoder:
+``sse`` (:class:`~worker.sse.SSEDecoder`), ``json_array``
+(:class:`~worker.jsonarray.JSONArrayDecoder`) or ``eventstream`` (Bedrock's binary
+framing, :class:`~worker.bedrock_frames.BedrockBody`). The worker, ``fanout replay``,
+the tests and the fuzzers all drive this same object. Pure: imports no asyncio, aiohttp, redis
 or opentelemetry.
 """
 
@@ -13,13 +16,20 @@ from typing import Any, Final
 from schema.contract import Event, Visibility
 from schema.errors import FanoutError, UpstreamProtocolError
 from worker.adapters.base import Adapter, Framing
-from worker.frames import Frame
+from worker.bedrock_frames import BedrockBody, Operation
+from worker.frames import AnyFrame
 from worker.jsonarray import JSONArrayDecoder
 from worker.normalizer import Normalizer
 from worker.sse import SSEDecoder
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 """Default limit of one SSE frame or JSON-array element (``FANOUT_MAX_FRAME_BYTES``)."""
+
+
+BEDROCK_OPERATIONS: Final[dict[str, Operation]] = {"anthropic": "invoke", "bedrock_converse": "converse"}
+"""Provider API → the Bedrock operation whose ``eventstream`` body it reads
+(InvokeModelWithResponseStream for Anthropic models, ConverseStream); a provider not
+listed has no event-stream framing."""
 
 
 def adapter_class(provider: str) -> type[Adapter]:
@@ -46,8 +56,11 @@ class Pipeline:
         self.adapter = adapter
         self._sse: SSEDecoder | None = None
         self._array: JSONArrayDecoder | None = None
+        self._bedrock: BedrockBody | None = None
         if adapter.framing == "json_array":
             self._array = JSONArrayDecoder(max_element_bytes=max_frame_bytes)
+        elif adapter.framing == "eventstream":
+            self._bedrock = BedrockBody(BEDROCK_OPERATIONS[adapter.provider], max_message_bytes=max_frame_bytes)
         else:
             self._sse = SSEDecoder(max_frame_bytes=max_frame_bytes)
         self.frames = 0
@@ -69,16 +82,20 @@ class Pipeline:
         if self.adapter.terminal is not None:
             return []
         try:
-            frames: list[Frame] = list(self._sse.feed(chunk) if self._sse else self._array_feed(chunk))
+            frames = self._decode(chunk)
         except UpstreamProtocolError as exc:
             return self.adapter.fail(exc)
         return self._run(frames)
 
-    def _array_feed(self, chunk: bytes) -> list[Frame]:
+    def _decode(self, chunk: bytes) -> list[AnyFrame]:
+        if self._sse is not None:
+            return list(self._sse.feed(chunk))
+        if self._bedrock is not None:
+            return self._bedrock.feed(chunk)
         assert self._array is not None
         return list(self._array.feed(chunk))
 
-    def _run(self, frames: list[Frame]) -> list[Event]:
+    def _run(self, frames: list[AnyFrame]) -> list[Event]:
         events: list[Event] = []
         for frame in frames:
             self.frames += 1
@@ -96,6 +113,8 @@ class Pipeline:
             if self._sse is not None:
                 end = self._sse.close()
                 events, truncated = self._run(list(end.frames)), end.truncated
+            elif self._bedrock is not None:
+                events, truncated = [], self._bedrock.close().truncated
             else:
                 assert self._array is not None
                 arr = self._array.close()
@@ -125,7 +144,8 @@ def build_pipeline(
     """Build the pipeline for one upstream response of ``provider`` (``epoch``: see :class:`Normalizer`).
 
     Raises:
-        KeyError: Unknown provider.
+        KeyError: Unknown provider, or ``eventstream`` framing for a provider not in
+            :data:`BEDROCK_OPERATIONS`.
     """
     norm = Normalizer(
         stream_id=stream_id, provider=provider, model=model, clock=clock, metadata=metadata,

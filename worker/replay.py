@@ -1,6 +1,6 @@
 """Offline replay: a recorded response body through the pipeline, as ``fanout replay`` does.
 
-Transcripts live in ``transcripts/<dir>/<case>.sse`` beside their golden
+Transcripts live in ``transcripts/<dir>/<case>.sse`` (Bedrock: ``<case>.eventstream``) beside their golden
 ``<case>.events.jsonl``; the directory names the provider API and framing
 (:data:`TRANSCRIPT_DIRS`). Pure: no I/O beyond reading the given files.
 """
@@ -23,7 +23,18 @@ TRANSCRIPT_DIRS: Final[dict[str, tuple[str, Framing]]] = {
     "gemini_sse": ("gemini", "sse"),
     "gemini_json_array": ("gemini", "json_array"),
 }
-"""Transcript directory → (provider API, framing)."""
+"""Transcript directory → (provider API, framing), for the APIs a worker serves."""
+
+OFFLINE_DIRS: Final[dict[str, tuple[str, Framing]]] = {
+    "bedrock_invoke": ("anthropic", "eventstream"),
+    "bedrock_converse": ("bedrock_converse", "eventstream"),
+}
+"""Transcript directories replayed offline only: Bedrock bodies (``<case>.eventstream``,
+built from ``<case>.frames.jsonl`` by ``tests/eventstream_build.py``) whose worker route
+does not exist yet. They move to :data:`TRANSCRIPT_DIRS` when a worker serves them."""
+
+BODY_SUFFIXES: Final = (".sse", ".eventstream")
+"""File suffixes of transcript bodies."""
 
 REPLAY_STREAM_ID: Final = "st_replay"
 """Stream id stamped on replayed events (goldens use it)."""
@@ -68,9 +79,10 @@ def transcript_kind(path: Path) -> tuple[str, Framing]:
     """Return (provider, framing) for a transcript by its directory name.
 
     Raises:
-        KeyError: The directory is not one of :data:`TRANSCRIPT_DIRS`.
+        KeyError: The directory is not one of :data:`TRANSCRIPT_DIRS` or :data:`OFFLINE_DIRS`.
     """
-    return TRANSCRIPT_DIRS[path.parent.name]
+    name = path.parent.name
+    return TRANSCRIPT_DIRS[name] if name in TRANSCRIPT_DIRS else OFFLINE_DIRS[name]
 
 
 def replay_file(path: Path, *, sizes: Iterable[int] | None = None) -> tuple[list[Event], Counter[str]]:

@@ -3,7 +3,8 @@
 ``--provider`` takes the provider names jobs use (``openai_chat``, ``openai_responses``,
 ``anthropic``, ``gemini``); Gemini's framing is detected from the body (a JSON array
 starts with ``[`` after any whitespace, anything else is SSE). The transcript directory
-names ``gemini_sse`` and ``gemini_json_array`` stay accepted and force the framing.
+names ``gemini_sse`` and ``gemini_json_array`` stay accepted and force the framing;
+``bedrock_converse`` and ``bedrock_invoke`` read Bedrock's binary event-stream bodies.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from schema.job import PROVIDERS
 from schema.reducer import reduce, result_to_builtins
 from schema.validate import validate
 from worker.adapters.base import Framing
-from worker.replay import TRANSCRIPT_DIRS, replay_reads, split_reads
+from worker.replay import OFFLINE_DIRS, TRANSCRIPT_DIRS, replay_reads, split_reads
 
-KINDS: Final = (*PROVIDERS, *(name for name in sorted(TRANSCRIPT_DIRS) if name not in PROVIDERS))
-"""Accepted ``--provider`` values: the job provider names, then the transcript directory names."""
+_DIRS: Final = {**TRANSCRIPT_DIRS, **OFFLINE_DIRS}
+KINDS: Final = (*PROVIDERS, *(name for name in sorted(_DIRS) if name not in PROVIDERS))
+"""Accepted ``--provider`` values: the job provider names, then the transcript directory names
+(``bedrock_invoke``: Anthropic events in Bedrock's event-stream framing)."""
 
 
 def _positive(text: str) -> int:
@@ -58,17 +61,17 @@ def resolve_kind(kind: str, body: bytes) -> tuple[str, Framing]:
     """
     if kind == "gemini":
         return "gemini", detect_framing(body)
-    return TRANSCRIPT_DIRS[kind]
+    return _DIRS[kind]
 
 
 def _example_in(directory: Path) -> str:
     """Return the path of a body file in ``directory`` or one level below, or a pattern when there is none.
 
-    ``.sse`` files come before ``.json`` ones (a ``.json`` beside them is more often a request
-    body than a Gemini array), the first by name of each; hidden entries are skipped. The
-    search goes no deeper: ``fanout replay ~`` must not walk a home directory.
+    ``.sse`` files come before ``.eventstream`` (Bedrock) and ``.json`` ones (a ``.json``
+    beside them is more often a request body than a Gemini array), the first by name of
+    each; hidden entries are skipped. The search goes no deeper: ``fanout replay ~`` must not walk a home directory.
     """
-    for pattern in ("*.sse", "*/*.sse", "*.json", "*/*.json"):
+    for pattern in ("*.sse", "*/*.sse", "*.eventstream", "*/*.eventstream", "*.json", "*/*.json"):
         try:
             found = sorted(p for p in directory.glob(pattern) if p.is_file()
                            and not any(part.startswith(".") for part in p.relative_to(directory).parts))

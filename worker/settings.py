@@ -103,7 +103,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
     notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
-    """Largest SSE frame or JSON-array element accepted from a provider; past it ``failed``/``protocol``."""
+    """Largest SSE frame, JSON-array element or AWS event-stream message (Bedrock) accepted from a provider;
+    past it ``failed``/``protocol``."""
 
     openai_base_url: str = "https://api.openai.com/v1"
     """OpenAI (or compatible server) API root; ``/chat/completions`` or ``/responses`` is appended.

@@ -153,8 +153,13 @@ def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) 
         KeyError: The job names a provider this worker has no endpoint for.
         FanoutError: ``invalid_request``, not retryable: an ``openai_chat`` request whose
             ``stream_options`` is not an object (the publisher refuses it at submit; this
-            guards jobs written by anything else). The caller stores it as the stream's error.
+            guards jobs written by anything else), or a ``bedrock_converse`` job (its
+            adapter exists; no endpoint serves it until Bedrock endpoints are configured).
+            The caller stores it as the stream's error.
     """
+    if job.provider == "bedrock_converse":
+        raise FanoutError("no endpoint serves provider bedrock_converse yet: Bedrock needs an upstreams file",
+                          category="invalid_request", retryable=False)
     if job.provider not in ("openai_chat", "openai_responses", "anthropic", "gemini"):
         raise KeyError(job.provider)
     framing: Framing = "json_array" if job.provider == "gemini" and settings.gemini_framing == "json_array" else "sse"

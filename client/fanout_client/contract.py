@@ -63,9 +63,9 @@ ErrorCategory = Literal[
 ]
 TerminalStatus = Literal["completed", "incomplete", "failed", "interrupted", "cancelled"]
 
-Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
+Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse"]
 """Provider APIs a job may name (``stream.start``'s ``provider``; consumers must accept others too)."""
-PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini")
+PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse")
 """The values of :data:`Provider`, in order."""
 
 TERMINAL_TYPES: Final = frozenset({"stream.done", "stream.error"})
@@ -142,7 +142,7 @@ class StreamStart(_Event, frozen=True, kw_only=True, tag="stream.start"):
     """The contract started (not that the model produced anything). Always seq 1."""
 
     provider: str
-    """Provider API: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``."""
+    """Provider API: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``, ``bedrock_converse``."""
     model: str
     """The model as requested."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)

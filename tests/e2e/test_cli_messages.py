@@ -29,6 +29,7 @@ import redis
 import redis.cluster
 
 from publisher.stack import LocalStack, free_port, wait_for_port
+from schema.contract import encode_event
 from schema.keys import Keys
 from schema.reducer import reduce
 from tests.worker.redis_proc import private_redis
@@ -233,6 +234,17 @@ def test_replay_of_a_directory_says_to_give_a_file_and_names_one_that_exists(dir
     assert example, line
     assert (ROOT / example.group(1)).is_file()
     assert fanout("replay", example.group(1)).returncode in (0, 1)  # a body replay takes (valid or not)
+
+
+@pytest.mark.parametrize(("path", "kind"), [
+    ("transcripts/bedrock_converse/tool_use_input_fragments.eventstream", None),
+    ("transcripts/bedrock_invoke/throttling_exception_only_message.eventstream", "bedrock_invoke"),
+])
+def test_replay_reads_bedrock_event_stream_bodies(path: str, kind: str | None) -> None:
+    done = fanout("replay", *(["--provider", kind] if kind else []), path)
+    assert (done.returncode, "Traceback" in done.stderr) == (0, False), done.stderr
+    events, _ = replay_file(ROOT / path)
+    assert done.stdout.splitlines()[-1] == encode_event(events[-1]).decode()
 
 
 def test_replay_of_a_directory_looks_one_level_deep_and_prefers_sse(tmp_path: Path) -> None:

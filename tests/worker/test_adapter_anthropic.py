@@ -671,7 +671,7 @@ def test_unknown_stop_reason_with_open_block_fails_protocol() -> None:
     ("reason", "status", "finish"),
     [("end_turn", "completed", "stop"), ("stop_sequence", "completed", "stop"),
      ("tool_use", "completed", "tool_calls"), ("pause_turn", "completed", "pause"),
-     ("refusal", "completed", "refusal"), ("max_tokens", "incomplete", "length"),
+     ("compaction", "completed", "pause"), ("refusal", "completed", "refusal"), ("max_tokens", "incomplete", "length"),
      ("model_context_window_exceeded", "incomplete", "length"), ("brand_new_reason", "incomplete", "other")],
 )
 def test_stop_reason_maps_to_status_and_finish_reason(reason: str, status: str, finish: str) -> None:
@@ -683,7 +683,7 @@ def test_stop_reason_maps_to_status_and_finish_reason(reason: str, status: str, 
 
 def test_stop_reason_table_covers_every_documented_value() -> None:
     documented = {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
-                  "model_context_window_exceeded"}
+                  "model_context_window_exceeded", "compaction"}
     assert set(STOP_REASONS) == documented
 
 
@@ -854,3 +854,10 @@ def test_reads_split_anywhere_give_the_same_events() -> None:
     for size in (2, 3, 7, 64):
         reads = [body[i : i + size] for i in range(0, len(body), size)]
         assert replay_reads(reads, provider="anthropic")[0] == whole
+
+
+def test_empty_data_events_are_counted_as_empty_data_and_never_parsed() -> None:
+    body = b"data:\n\n" + simple().replace(b"event: message_stop", b"event: ping\ndata: \n\nevent: message_stop")
+    events, ignored = run(body)
+    assert isinstance(events[-1], StreamDone)
+    assert ignored == Counter({"empty_data": 2})

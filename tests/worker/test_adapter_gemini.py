@@ -806,9 +806,18 @@ def test_unknown_fields_in_a_known_chunk_are_fine() -> None:
     assert ignored == Counter()
 
 
-@pytest.mark.parametrize("text", ['{"candidates": [', "[DONE]", "", "[1, 2]", '"text"'])
+@pytest.mark.parametrize("text", ['{"candidates": [', "[DONE]", "[1, 2]", '"text"'])
 def test_malformed_or_non_object_payload_fails_protocol(text: str) -> None:
-    assert error_of(chunk(t("a")), SSEFrame(data=text or " ")).error.category == "protocol"
+    assert error_of(chunk(t("a")), SSEFrame(data=text)).error.category == "protocol"
+
+
+@pytest.mark.parametrize("text", ["", " ", " \t "])
+def test_empty_or_blank_data_event_is_counted_as_empty_data_and_skipped(text: str) -> None:
+    # PROVIDERS.md 1, amended: relays insert empty data events; they carry nothing.
+    adapter = GeminiAdapter(Normalizer(stream_id="st_t", provider="gemini", model="m", clock=lambda: 0))
+    adapter.start()
+    assert adapter.feed(SSEFrame(data=text)) == []
+    assert adapter.ignored == Counter({"empty_data": 1})
 
 
 @pytest.mark.parametrize("bad", [

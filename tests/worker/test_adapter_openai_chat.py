@@ -22,7 +22,7 @@ from schema.contract import (
     Usage,
     encode_event,
 )
-from schema.reducer import ToolCallBlock, reduce
+from schema.reducer import ReasoningBlock, TextBlock, ToolCallBlock, reduce
 from schema.validate import validate
 from worker.adapters.openai_chat import OpenAIChatAdapter
 from worker.adapters.openai_chat_parts import map_usage, read_error, reasoning_text
@@ -714,3 +714,33 @@ def test_gemini_thought_signature_on_a_tool_fragment_rides_as_signature() -> Non
         "4 block.delta #0 signature 'c2ln'",
     ]
     assert reduce(events).blocks[0].signature == "c2ln"
+
+
+# -- amended rows: Copilot reasoning, empty data events ------------------------
+
+
+def test_copilot_reasoning_text_is_reasoning_and_reasoning_opaque_its_signature() -> None:
+    events = replay(chunk({"reasoning_text": "hmm"}), chunk({"reasoning_opaque": "T1BR"}), chunk({"content": "ok"}),
+                    chunk({}, "stop"), DONE)
+    assert reduce(events).blocks[0] == ReasoningBlock(index=0, text="hmm", signature="T1BR")
+    assert isinstance(reduce(events).blocks[1], TextBlock)
+
+
+def test_copilot_opaque_in_the_chunk_of_the_first_content_signs_the_reasoning_before_the_text() -> None:
+    events = replay(chunk({"reasoning_text": "a"}), chunk({"reasoning_opaque": "U0c=", "content": "b"}),
+                    chunk({}, "stop"), DONE)
+    assert short(events)[1:7] == ["2 block.start #0 reasoning", "3 block.delta #0 text 'a'",
+                                  "4 block.delta #0 signature 'U0c='", "5 block.stop #0",
+                                  "6 block.start #1 text", "7 block.delta #1 text 'b'"]
+
+
+def test_reasoning_text_is_not_read_when_reasoning_content_is_present() -> None:
+    events = replay(chunk({"reasoning_content": "one", "reasoning_text": "one"}), chunk({}, "stop"), DONE)
+    assert reduce(events).blocks == [ReasoningBlock(index=0, text="one")]
+
+
+def test_empty_and_blank_data_events_are_counted_as_empty_data_and_skipped() -> None:
+    body = b"data:\n\n" + chunk({"content": "x"}) + b"data: \n\ndata:  \t\n\n" + chunk({}, "stop") + DONE
+    events, ignored = replay_counted(body)
+    assert short(events)[-1].startswith("5 stream.done completed")
+    assert ignored == {"empty_data": 3}

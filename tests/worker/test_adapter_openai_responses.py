@@ -847,3 +847,43 @@ def test_frames_after_terminal_are_counted() -> None:
     adapter.feed(SSEFrame(data=json.dumps({"type": "error", "code": "server_error", "message": "x"})))
     assert adapter.feed(SSEFrame(data=json.dumps(completed()))) == []
     assert adapter.ignored["after_terminal"] == 1
+
+
+# -- amended rows: output_index keying, content_index offsets, empty data ------
+
+
+def test_rotated_item_ids_address_the_item_at_their_output_index() -> None:
+    events, _ = run(sse(created(), added(msg_item("msg_a", status="in_progress")),
+                        text_delta("Hi", mid="msg_b"), text_delta("!", mid="msg_c"),
+                        item_done(msg_item("msg_d", [out_text("Hi!")])), completed()))
+    assert render(events)[1:5] == ["2 block.start #0 text", "3 block.delta #0 text 'Hi'",
+                                   "4 block.delta #0 text '!'", "5 block.stop #0"]
+
+
+def test_item_id_addresses_an_event_that_has_no_output_index() -> None:
+    delta = {"type": "response.output_text.delta", "item_id": "msg_1", "content_index": 0, "delta": "x"}
+    events, _ = run(sse(created(), added(msg_item(status="in_progress")), delta,
+                        item_done(msg_item(content=[out_text("x")])), completed()))
+    assert assembled(events) == [{"index": 0, "kind": "text", "text": "x", "signature": None}]
+
+
+def test_a_second_item_of_another_type_at_a_known_output_index_fails_protocol() -> None:
+    events, _ = run(sse(created(), added(msg_item(status="in_progress")), added(fc_item(fid="fc_9"))))
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.error.category, last.error.message) == (
+        "protocol", "upstream announced a second item at output_index 0")
+
+
+def test_message_parts_streamed_past_content_index_zero_are_settled_not_duplicated() -> None:
+    events, _ = run(sse(created(), added(msg_item(status="in_progress")), part_added(ci=2),
+                        text_delta("Hello", ci=2), item_done(msg_item(content=[out_text("Hello there")])),
+                        completed()))
+    assert assembled(events) == [{"index": 0, "kind": "text", "text": "Hello there", "signature": None}]
+
+
+def test_empty_data_events_are_counted_and_skipped() -> None:
+    events, ignored = run(sse("data:\n\n", created(), "event: keepalive\ndata: \n\n",
+                              completed(output=[])))
+    assert isinstance(events[-1], StreamDone)
+    assert ignored == Counter({"empty_data": 2})

@@ -17,7 +17,7 @@ from tests.compact import compact, expected_view
 from worker.replay import replay_file, replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
-TRANSCRIPTS = sorted((ROOT / "transcripts").glob("*/*.sse"))
+TRANSCRIPTS = sorted([*(ROOT / "transcripts").glob("*/*.sse"), *(ROOT / "transcripts").glob("*/*.eventstream")])
 CASES = sorted((ROOT / "tests" / "cases" / "transcripts").glob("*/*.sse"))
 
 
@@ -60,7 +60,7 @@ def test_shared_case_assembles_to_expected_result(path: Path) -> None:
     assert msgspec.json.decode(encode_event(events[-1]))["type"] in ("stream.done", "stream.error")
 
 
-SSE_PATHS = [p for p in TRANSCRIPTS + CASES if p.parent.name != "gemini_json_array"]
+SSE_PATHS = [p for p in TRANSCRIPTS + CASES if p.suffix == ".sse" and p.parent.name != "gemini_json_array"]
 
 
 @pytest.mark.parametrize("path", SSE_PATHS, ids=_ids(SSE_PATHS))

@@ -419,3 +419,20 @@ async def test_job_with_a_bad_stream_options_ends_invalid_request_without_callin
     assert isinstance(last, StreamError)
     assert (last.status, last.error.category, last.error.retryable) == ("failed", "invalid_request", False)
     assert "request.stream_options" in last.error.message
+
+
+async def test_bedrock_converse_job_ends_invalid_request_without_calling_any_provider(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    # The adapter exists; no worker route does until Bedrock endpoints are configured.
+    async with fake_upstream() as (base, _state):
+        async with running_worker(settings_for(base, redis_url, keys, max_retries=2), keys):
+            job = make_job("bedrock_converse", "anthropic.claude-sonnet-4-5",
+                           request={"messages": [{"role": "user", "content": [{"text": "hi"}]}]})
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+        assert await recorded(base) == []
+    events = await stored_events(redis_client, keys, job.stream_id)
+    last = events[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category, last.error.retryable) == ("failed", "invalid_request", False)
+    assert last.error.message == "no endpoint serves provider bedrock_converse yet: Bedrock needs an upstreams file"

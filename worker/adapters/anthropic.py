@@ -12,7 +12,7 @@ Terminal signals, the only ones that end a stream here. A normal end is proven b
 | --- | --- | --- |
 | ``end_turn``, ``stop_sequence`` | completed | stop (tool_calls with tool calls) |
 | ``tool_use`` | completed | tool_calls |
-| ``pause_turn`` | completed | pause |
+| ``pause_turn``, ``compaction`` (amended) | completed | pause |
 | ``refusal`` | completed | refusal |
 | ``max_tokens``, ``model_context_window_exceeded`` (closes open blocks) | incomplete | length |
 | any other value | incomplete | other |
@@ -54,6 +54,12 @@ Quirks handled:
   contract v1: they, their deltas and stops are ignored and counted under the block type.
 * ``citations_delta`` and unknown delta types: ignored, counted under the delta type.
 * A duplicate ``message_start`` with the same id: ignored (``message_start.duplicate``).
+* Claude on Vertex AI (``:streamRawPredict``) streams this same SSE (UPSTREAMS.md B.4).
+* Bedrock (InvokeModelWithResponseStream, events arrive as
+  :class:`~worker.frames.JSONFrame` from :mod:`worker.bedrock_frames`):
+  ``amazon-bedrock-invocationMetrics`` on an event is ignored; a payload holding only
+  it is counted under that key, never as an unknown event. Exception frames end the
+  stream through :meth:`Adapter.feed` with the mapped stop reason.
 * Usage: ``message_start`` is provisional, each ``message_delta`` counter supersedes it.
 * A delta whose type does not fit its block (``text_delta`` on a tool call), a delta or
   stop for an unknown or closed index, or a reused index: failed/protocol.
@@ -62,7 +68,7 @@ Quirks handled:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -72,6 +78,10 @@ from worker.adapters.anthropic_parts import DELTA_RULES, DeltaRule, failure_of, 
 from worker.adapters.base import Adapter, Framing, parse_object
 from worker.frames import Frame, SSEFrame
 from worker.normalizer import Normalizer
+
+INVOCATION_METRICS: Final = "amazon-bedrock-invocationMetrics"
+"""Key Bedrock adds to the last event of an InvokeModelWithResponseStream body (or sends
+alone); its counts repeat the events' own usage, so it is ignored (UPSTREAMS.md C.3)."""
 
 Payload = dict[str, Any]
 Handler = Callable[[Payload], None]
@@ -140,6 +150,8 @@ class AnthropicAdapter(Adapter):
         name = payload.get("type")
         if not isinstance(name, str) or not name:
             name = frame.event if isinstance(frame, SSEFrame) and frame.event != "message" else ""
+        if not name and INVOCATION_METRICS in payload:
+            name = INVOCATION_METRICS  # Bedrock's metrics-only trailer: counted under its key
         self._dispatch(self._handlers, name, payload)
 
     def _finish(self, *, truncated: bool) -> None:
@@ -147,6 +159,10 @@ class AnthropicAdapter(Adapter):
             category="transport", finish_reason=self._finish_reason(),
             message="upstream closed the connection before message_stop",
         )
+
+    def finish_seen(self) -> FinishReason | None:
+        """Return the mapped ``stop_reason`` received so far (carried by a framing error)."""
+        return self._finish_reason()
 
     def _finish_reason(self) -> FinishReason | None:
         if self._stop_reason is None:

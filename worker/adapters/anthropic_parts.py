@@ -27,11 +27,15 @@ STOP_REASONS: Final[dict[str, Stop]] = {
     "stop_sequence": Stop("completed", "stop", truncation=False),
     "tool_use": Stop("completed", "tool_calls", truncation=False),
     "pause_turn": Stop("completed", "pause", truncation=False),
+    "compaction": Stop("completed", "pause", truncation=False),
     "refusal": Stop("completed", "refusal", truncation=False),
     "max_tokens": Stop("incomplete", "length", truncation=True),
     "model_context_window_exceeded": Stop("incomplete", "length", truncation=True),
 }
-"""``message_delta.delta.stop_reason`` → terminal meaning (PROVIDERS.md 4.2 and 6)."""
+"""``message_delta.delta.stop_reason`` → terminal meaning (PROVIDERS.md 4.2 and 6).
+
+``compaction`` (PROVIDERS.md 6, amended): the turn paused after server-side context
+compaction and the caller continues it, like ``pause_turn``."""
 
 UNKNOWN_STOP: Final = Stop("incomplete", "other", truncation=False)
 """A stop reason this version does not know: the provider ended, but not in a way we can

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
 from schema.contract import Event, FinishReason
 from schema.errors import FanoutError, UpstreamProtocolError
-from worker.frames import Frame
+from worker.frames import AnyFrame, ErrorFrame, Frame, SSEFrame
 from worker.normalizer import Normalizer
 
-Framing = Literal["sse", "json_array"]
+Framing = Literal["sse", "json_array", "eventstream"]
+
+EMPTY_DATA: Final = "empty_data"
+"""Ignored-counter name of an SSE event whose data is empty or only whitespace."""
 
 _json: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 
@@ -51,7 +54,9 @@ class Adapter:
 
     Args:
         normalizer: The stream's normalizer (owns seq, blocks and the terminal event).
-        framing: How the body is framed (only Gemini offers ``json_array``).
+        framing: How the body is framed (only Gemini offers ``json_array``; Bedrock
+            answers in ``eventstream``: the Anthropic adapter for InvokeModelWithResponseStream,
+            ``bedrock_converse`` for ConverseStream).
     """
 
     provider: ClassVar[str] = ""
@@ -79,7 +84,7 @@ class Adapter:
         self.norm.start()
         return self.norm.take()
 
-    def feed(self, frame: Frame) -> list[Event]:
+    def feed(self, frame: AnyFrame) -> list[Event]:
         """Consume one frame and return the events it completes (often empty).
 
         A malformed payload or an impossible sequence ends the stream
@@ -89,10 +94,17 @@ class Adapter:
         if self.norm.terminal is not None:
             self.norm.ignored["after_terminal"] += 1
             return []
+        if isinstance(frame, ErrorFrame):
+            self.norm.fail(category=frame.category, message=frame.message, retryable=frame.retryable,
+                           provider_code=frame.provider_code, finish_reason=self.finish_seen())
+            return self.norm.take()
+        if isinstance(frame, SSEFrame) and not frame.data.strip():
+            self.norm.ignore(EMPTY_DATA)
+            return []
         try:
             self._feed(frame)
         except UpstreamProtocolError as exc:
-            self.norm.fail(category="protocol", message=exc.message, finish_reason=self.seen_finish)
+            self.norm.fail(category="protocol", message=exc.message, finish_reason=self.finish_seen())
         return self.norm.take()
 
     def finish(self, *, truncated: bool = False) -> list[Event]:
@@ -110,7 +122,7 @@ class Adapter:
             self._finish(truncated=truncated)
         if self.norm.terminal is None:
             self.norm.fail(category="transport", message="upstream closed the connection before the response ended",
-                           finish_reason=self.seen_finish)
+                           finish_reason=self.finish_seen())
         return self.norm.take()
 
     def fail(self, error: FanoutError) -> list[Event]:
@@ -122,8 +134,16 @@ class Adapter:
         if self.norm.terminal is None:
             code = getattr(error, "provider_code", None)
             self.norm.fail(category=error.category, message=error.message, retryable=error.retryable,
-                           provider_code=code if isinstance(code, str) else None, finish_reason=self.seen_finish)
+                           provider_code=code if isinstance(code, str) else None, finish_reason=self.finish_seen())
         return self.norm.take()
+
+    def finish_seen(self) -> FinishReason | None:
+        """Return the finish reason the provider sent before its terminal signal, if any.
+
+        Carried by a ``stream.error`` that an :class:`~worker.frames.ErrorFrame` ends;
+        adapters that track their own stop reason override it.
+        """
+        return self.seen_finish
 
     def _dispatch(self, handlers: Mapping[str, Callable[[dict[str, Any]], None]], name: str,
                   payload: dict[str, Any]) -> None:

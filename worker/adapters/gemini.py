@@ -59,6 +59,9 @@ Quirks handled (PROVIDERS.md 5.2, 5.4; decisions where the docs are silent marke
   its end is ``interrupted``. Usage-only chunks and empty signed parts after a
   ``finishReason`` leave it final. A ``finishReason`` repeated without output between
   is counted (``finishReason_repeated``); the last one counts. Usage is the last report.
+* Vertex AI (UPSTREAMS.md B.3): ``createTime``, ``usageMetadata.trafficType`` and other
+  extra fields are ignored; its ``blockReason`` values (``MODEL_ARMOR``, ``JAILBREAK``)
+  fail the prompt like the others; CRLF frames are the SSE decoder's job.
 * Usage is the latest ``usageMetadata`` snapshot holding a token count (gemini_parts);
   ``response_id`` = ``responseId``, ``model`` = ``modelVersion`` (latest seen).
 * *Vertex streamed arguments are supported: ``functionCall {name, willContinue: true}``

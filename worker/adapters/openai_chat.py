@@ -58,7 +58,11 @@ Quirks handled:
   after the finish chunk with no ``delta`` (counted as ``choice_without_delta``; it
   neither reopens nor ends anything). Empty ids and models are never taken.
 * Reasoning: one source per delta, ``reasoning_content`` (string or ``{"text"}``) >
-  ``reasoning`` > ``reasoning_details[]`` text; mirrored copies are never read twice.
+  ``reasoning`` > ``reasoning_text`` (GitHub Copilot) > ``reasoning_details[]`` text;
+  mirrored copies are never read twice. Copilot's ``reasoning_opaque`` is a
+  ``signature`` delta on the current reasoning block, read after the delta's reasoning
+  text and before its content (a reasoning block holding only the signature when no
+  reasoning run is current) (PROVIDERS.md 2.5, amended).
 * OpenRouter: ``: OPENROUTER PROCESSING`` comments never reach the adapter; error chunks
   (top-level ``error`` and/or ``finish_reason: "error"``) fail, a later ``[DONE]`` is ignored.
 * Tool calls keyed by ``index`` (list position when absent). A non-empty ``id`` different
@@ -95,6 +99,7 @@ from worker.adapters.openai_chat_parts import (
     nonempty,
     payload_shape,
     read_error,
+    reasoning_opaque,
     reasoning_text,
     text_of,
     thought_signature,
@@ -223,6 +228,7 @@ class OpenAIChatAdapter(Adapter):
         if not isinstance(delta, dict):
             raise UpstreamProtocolError("upstream sent a delta that is not an object")
         self._run("reasoning", reasoning_text(delta))
+        self._reasoning_signature(reasoning_opaque(delta))
         self._run("text", text_of(delta, "content"))
         self._run("refusal", text_of(delta, "refusal"))
         self._on_tool_calls(delta.get("tool_calls"))
@@ -248,6 +254,19 @@ class OpenAIChatAdapter(Adapter):
         if self._current_kind != kind or self._current is None:
             self._open_next(kind)
         self.norm.delta(self._current, "text", text)
+
+    def _reasoning_signature(self, signature: str) -> None:
+        """Put Copilot's ``reasoning_opaque`` on the current reasoning block.
+
+        When no reasoning run is current (Gemini models on Copilot may send it with a
+        tool call and no reasoning text), it opens a reasoning block holding only the
+        signature, as a Responses reasoning item with an empty summary does.
+        """
+        if not signature:
+            return
+        if self._current_kind != "reasoning" or self._current is None:
+            self._open_next("reasoning")
+        self.norm.delta(self._current, "signature", signature)
 
     def _on_tool_calls(self, fragments: Any) -> None:
         if fragments is None:

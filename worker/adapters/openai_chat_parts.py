@@ -197,18 +197,37 @@ def _reasoning_details(delta: dict[str, Any]) -> str:
     return "".join(p for p in pieces if isinstance(p, str))
 
 
+def _copilot_reasoning_text(delta: dict[str, Any]) -> str:
+    value = delta.get("reasoning_text")
+    return value if isinstance(value, str) else ""
+
+
 def reasoning_text(delta: dict[str, Any]) -> str:
     """Return the delta's reasoning text from ONE source, never two (PROVIDERS.md 2.5).
 
     Precedence: ``reasoning_content`` (a string, or an object with ``text``), then
-    ``reasoning``, then the ``text``/``summary`` of ``reasoning_details`` items; the
-    first that yields text wins. Encrypted detail items carry no text and are skipped.
+    ``reasoning``, then GitHub Copilot's ``reasoning_text`` (amended 2.5;
+    BerriAI/litellm#35021), then the ``text``/``summary`` of ``reasoning_details``
+    items; the first that yields text wins. Encrypted detail items carry no text and
+    are skipped.
     """
-    for read in (_reasoning_content, _reasoning, _reasoning_details):
+    for read in (_reasoning_content, _reasoning, _copilot_reasoning_text, _reasoning_details):
         text = read(delta)
         if text:
             return text
     return ""
+
+
+def reasoning_opaque(delta: dict[str, Any]) -> str:
+    """Return GitHub Copilot's ``delta.reasoning_opaque``, or ``""``.
+
+    The opaque round-trip value of the reasoning that precedes it (Copilot sends it in
+    its own chunk after the last ``reasoning_text``, or beside the first content or
+    tool call); it becomes a ``signature`` delta on that reasoning block (PROVIDERS.md
+    2.5, amended; BerriAI/litellm#35021, ericc-ch/copilot-api PR #152).
+    """
+    value = delta.get("reasoning_opaque")
+    return value if isinstance(value, str) else ""
 
 
 def text_of(delta: dict[str, Any], field: str) -> str:

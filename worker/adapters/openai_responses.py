@@ -40,13 +40,16 @@ the first fatal signal wins: a ``response.failed`` after an ``error`` changes no
 
 Quirks handled:
 
-* Blocks: message content parts keyed by (item, ``content_index``) (``output_text`` →
-  text, ``refusal`` → refusal); ``reasoning`` and ``function_call`` items keyed by item.
+* Blocks: items keyed by ``output_index``, message content parts by (``output_index``,
+  ``content_index``) (``output_text`` → text, ``refusal`` → refusal); ``reasoning``
+  and ``function_call`` items by ``output_index``. ``item_id`` is advisory (relays
+  rotate it on every event, vercel/ai PR #18548) and read only when an event has no
+  ``output_index`` (PROVIDERS.md 3.5, amended).
   Text, refusal and reasoning blocks open at their first non-empty text (or signature),
   so empty parts and empty reasoning items make no block; a tool_call opens at
   ``output_item.added`` with ``call_id`` = ``item.call_id`` and ``name`` = ``item.name``.
-  Deltas are addressed by ``item_id`` (``fc_…``, ``msg_…``), else by ``output_index``;
-  one addressing an item never announced by ``output_item.added`` is failed/protocol.
+  A delta addressing an item never announced by ``output_item.added`` is
+  failed/protocol; a second, different item announced at a known ``output_index`` too.
 * A function_call announced without a name keeps its fragments until a name arrives
   (``function_call_arguments.done`` or ``output_item.done``); without a ``call_id`` it
   gets ``call_fanout_<output_index>``.
@@ -70,6 +73,9 @@ Quirks handled:
   under their item type or event name. ``keepalive`` events are counted as ``keepalive``.
 * ``data: [DONE]`` (some gateways): counted as ``[DONE]`` and never proof of an end.
 * ``response.created``/``in_progress``/``queued`` give the response id and model.
+* Azure OpenAI: the response's ``content_filters`` (``null`` in progress, filter
+  entries at the end) and deltas' ``obfuscation`` are ignored; a blocked completion
+  arrives as ``response.incomplete`` with reason ``content_filter`` (UPSTREAMS.md A.4).
 * Usage only from the terminal response; null when absent.
 """
 
@@ -97,9 +103,10 @@ class OpenAIResponsesAdapter(Adapter):
         super().__init__(normalizer, framing=framing)
         self._response_id: str | None = None
         self._model: str | None = None
-        self._items: dict[str, Item] = {}
-        self._at: dict[int, str] = {}
-        """output_index → key of the item last announced there."""
+        self._items: dict[int, Item] = {}
+        """output_index → the item announced there (items are keyed by position)."""
+        self._ids: dict[str, int] = {}
+        """item id → output_index, for an event that carries no ``output_index``."""
         self._blocks = ItemBlocks(normalizer)
         self._handlers: dict[str, Handler] = {
             "response.created": self._on_snapshot,
@@ -150,11 +157,16 @@ class OpenAIResponsesAdapter(Adapter):
     # -- items --------------------------------------------------------------
 
     def _lookup(self, payload: Payload) -> Item | None:
-        item_id, output_index = payload.get("item_id"), payload.get("output_index")
-        if isinstance(item_id, str) and item_id in self._items:
-            return self._items[item_id]
-        key = self._at.get(output_index) if isinstance(output_index, int) else None
-        return None if key is None else self._items[key]
+        """Return the item an event addresses: by ``output_index``, by ``item_id`` only without one.
+
+        ``item_id`` is advisory: relays rotate it on every event (PROVIDERS.md 3.5,
+        amended; vercel/ai PR #18548), so it never overrides the position.
+        """
+        output_index = payload.get("output_index")
+        if not isinstance(output_index, int) or isinstance(output_index, bool):
+            item_id = payload.get("item_id")
+            output_index = self._ids.get(item_id) if isinstance(item_id, str) else None
+        return None if output_index is None else self._items.get(output_index)
 
     def _resolve(self, payload: Payload, kind: str) -> Item:
         item, what = self._lookup(payload), payload.get("type")
@@ -167,15 +179,19 @@ class OpenAIResponsesAdapter(Adapter):
         return item
 
     def _register(self, output_index: int, item: Payload) -> Item:
-        entry = Item(key=parts.item_key(item, output_index), kind=parts.item_type(item), output_index=output_index)
-        self._items[entry.key] = entry
-        self._at[output_index] = entry.key
+        entry = Item(key=f"#{output_index}", kind=parts.item_type(item), output_index=output_index)
+        self._items[output_index] = entry
+        if (item_id := parts.optional(item.get("id"))) is not None:
+            self._ids[item_id] = output_index
         return entry
 
     def _on_item_added(self, payload: Payload) -> None:
         output_index = parts.index(payload, "output_index")
         item = parts.obj(payload.get("item"))
-        if parts.item_key(item, output_index) in self._items:
+        known = self._items.get(output_index)
+        if known is not None:
+            if known.kind != parts.item_type(item):
+                raise UpstreamProtocolError(f"upstream announced a second item at output_index {output_index}")
             self.norm.ignore("response.output_item.added.duplicate")
             return
         entry = self._register(output_index, item)
@@ -189,9 +205,7 @@ class OpenAIResponsesAdapter(Adapter):
         self._finish_item(parts.index(payload, "output_index"), parts.obj(payload.get("item")))
 
     def _finish_item(self, output_index: int, item: Payload) -> None:
-        by_id = parts.optional(item.get("id")) is not None
-        entry = self._lookup({"item_id": item.get("id")} if by_id else {"output_index": output_index})
-        entry = entry or self._register(output_index, item)
+        entry = self._items.get(output_index) or self._register(output_index, item)
         if entry.done:
             self.norm.ignore(f"{entry.kind}.done.duplicate")
             return
@@ -292,7 +306,7 @@ class OpenAIResponsesAdapter(Adapter):
     def _settle_from_output(self, response: Payload) -> None:
         for output_index, value in enumerate(parts.items(response.get("output"))):
             item = parts.obj(value)
-            entry = self._items.get(parts.item_key(item, output_index))
+            entry = self._items.get(output_index)
             if self.norm.terminal is not None or (entry is not None and entry.done):
                 continue
             if entry is not None or parts.item_type(item) in BLOCK_ITEMS:

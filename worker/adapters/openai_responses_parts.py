@@ -166,7 +166,7 @@ class Item(msgspec.Struct, kw_only=True):
     """What the adapter knows of one output item (``response.output[output_index]``)."""
 
     key: str
-    """The item's ``id``, or ``#<output_index>`` when it has none; names its blocks."""
+    """``#<output_index>``: names the item's blocks (the item ``id`` is advisory)."""
     kind: str
     """The item ``type``: ``message``, ``reasoning``, ``function_call`` or a built-in tool."""
     output_index: int
@@ -205,9 +205,15 @@ def item_type(item: Payload) -> str:
     return optional(item.get("type")) or "untyped"
 
 
-def item_key(item: Payload, output_index: int) -> str:
-    """Return the key naming an item's blocks: its ``id``, or ``#<output_index>`` without one."""
-    return optional(item.get("id")) or f"#{output_index}"
+def _offset(streamed: list[int], length: int) -> int:
+    """How far a message's ``content_index`` values sit past the positions of its content.
+
+    0 whenever every streamed index is a position of the finished ``content`` list of
+    ``length`` parts (every conforming server, gaps and skipped parts included); else the
+    shift that makes the last streamed index the last position (vLLM's counter carried
+    over from the previous item, vllm-project/vllm#45742).
+    """
+    return max(0, max(streamed, default=-1) + 1 - length)
 
 
 class ItemBlocks:
@@ -270,8 +276,19 @@ class ItemBlocks:
         self.close(entry.part(content_index))
 
     def finish_message(self, entry: Item, item: Payload) -> None:
-        """Settle every text/refusal part from a finished message item, then close them."""
-        for content_index, value in enumerate(items(item.get("content"))):
+        """Settle every text/refusal part from a finished message item, then close them.
+
+        Position ``i`` of the item's ``content`` is ``content_index`` ``i`` shifted by
+        :func:`_offset`: a server whose ``content_index`` did not restart at 0 for this
+        item (vLLM's Harmony path after a reasoning item, vllm-project/vllm#45742)
+        streamed the text of ``content[0]`` under ``content_index`` 1, and that text
+        settles the block it opened, never opens a second one (PROVIDERS.md 3.5,
+        amended).
+        """
+        content = items(item.get("content"))
+        offset = _offset(list(entry.part_kinds), len(content))
+        for position, value in enumerate(content):
+            content_index = position + offset
             part = obj(value)
             part_type = text(part.get("type"))
             kind = PART_KINDS.get(part_type)

@@ -6,6 +6,7 @@ from typing import Final
 
 from worker.adapters.anthropic import AnthropicAdapter
 from worker.adapters.base import Adapter
+from worker.adapters.bedrock_converse import BedrockConverseAdapter
 from worker.adapters.gemini import GeminiAdapter
 from worker.adapters.openai_chat import OpenAIChatAdapter
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
@@ -15,5 +16,6 @@ ADAPTERS: Final[dict[str, type[Adapter]]] = {
     "openai_responses": OpenAIResponsesAdapter,
     "anthropic": AnthropicAdapter,
     "gemini": GeminiAdapter,
+    "bedrock_converse": BedrockConverseAdapter,
 }
 """Every adapter by the provider name jobs use."""
