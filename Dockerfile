@@ -12,8 +12,10 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md fanout_cli.py ./
 COPY schema ./schema
+COPY infra ./infra
 COPY worker ./worker
 COPY publisher ./publisher
+COPY tools ./tools
 COPY client ./client
 RUN python -m venv /opt/fanout \
  && /opt/fanout/bin/pip install --upgrade pip \

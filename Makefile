@@ -21,7 +21,7 @@ demo: install
 	$(BIN)/fanout demo $(ARGS)
 
 lint: install
-	$(BIN)/ruff check schema worker publisher client tests bench docs/hooks fanout_cli.py
+	$(BIN)/ruff check schema infra worker publisher tools client tests bench docs/hooks fanout_cli.py
 
 typecheck: install
 	$(BIN)/mypy

@@ -17,7 +17,8 @@ import errno
 import importlib
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fanout_client.cli import quiet_broken_pipe
 from fanout_client.errors import EXIT_BROKEN_PIPE
@@ -54,15 +55,15 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
 """Command → exit status → meaning (docs/client.md, "Exit statuses"); 130 is Ctrl-C."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("worker.replay_cli", "normalize a recorded provider body offline and print the events"),
+    "replay": ("tools.replay_cli", "normalize a recorded provider body offline and print the events"),
     "worker": ("worker.main", "run a worker: take jobs from Redis, call providers, append events"),
     "publisher": ("publisher.main", "run the HTTP edge: submit jobs and serve streams over SSE"),
-    "upstream": ("worker.upstream_server", "serve transcripts/ as a fake provider for demos and tests"),
+    "upstream": ("tools.upstream", "serve transcripts/ as a fake provider for demos and tests"),
     "submit": ("fanout_client.cli", "submit a job over HTTP and optionally follow its stream"),
     "tail": ("fanout_client.cli", "follow a stream over SSE with automatic resume"),
-    "demo": ("publisher.demo", "run the whole stack locally on recorded transcripts"),
-    "export": ("worker.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
-    "health": ("worker.health_cli",
+    "demo": ("tools.demo.run", "run the whole stack locally on recorded transcripts"),
+    "export": ("tools.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
+    "health": ("tools.health",
                "exit 0 when Redis (and FANOUT_HEALTH_URL, if set) answer: the container check"),
 }
 """Subcommand → (module defining ``add_arguments(parser)`` and ``run(args) -> int``, help)."""
@@ -106,10 +107,22 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _demo_plugin(app: Any) -> None:
+    """Install the publisher's ``demo`` plug-in; :mod:`tools.demo.routes` is imported only then."""
+    from tools.demo.routes import install  # noqa: PLC0415 - the product never imports tools; only this hand-over
+
+    install(app)
+
+
+PLUGINS: dict[str, Callable[[Any], None]] = {"demo": _demo_plugin}
+"""What ``fanout publisher`` hands the publisher as plug-ins (:data:`publisher.api.routes.Plugins`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fanout`` command line; return the process exit code (:data:`EXIT_STATUSES`)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(args_list).parse_args(args_list)
+    args.plugins = PLUGINS
     try:
         code: int = importlib.import_module(args.module).run(args)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit

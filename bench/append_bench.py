@@ -17,12 +17,12 @@ import os
 import time
 import uuid
 
+from infra.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, Event, StreamStart
 from schema.keys import Keys
+from tools.embedded_redis import redis_url
 from worker.appender import Appender, StreamWriter
-from worker.embedded_redis import redis_url
 from worker.lease import Leases
-from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
 
 TEXT = "The quick brown fox jumps over the lazy d"
 

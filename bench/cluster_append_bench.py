@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.redis_servers starts the servers
 
+from infra.redis_client import RedisOptions, connect
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, Event, StreamStart
 from schema.keys import Keys
 from tests.redis_servers import RedisServer, redis_cluster, redis_node
 from worker.appender import Appender, StreamWriter
 from worker.lease import Leases
-from worker.redis_client import RedisOptions, connect
 
 TEXT = "The quick brown fox jumps over the lazy d"
 

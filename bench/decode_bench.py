@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.eventstream_build import message_of
+from tools.replay import replay_reads, split_reads, transcript_kind
 from worker.adapters.base import Framing
 from worker.eventstream import EventStreamDecoder
-from worker.replay import replay_reads, split_reads, transcript_kind
 from worker.sse import SSEDecoder
 
 ROOT = Path(__file__).resolve().parents[1]

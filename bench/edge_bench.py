@@ -8,7 +8,7 @@ Drives the reference benchmark ``fanout_bench.py`` (``--ref``, default
 ``/work/shared/bench``; imported from there, never copied) for the naive edge and for
 ``fanout publisher``, with identical clients, payloads, publish schedule and Redis. For
 the product, its publisher loop's ``PUBLISH <live> <seq>`` is replaced by the payload the
-worker's append script publishes (:func:`publisher.live.encode_notification`: the event
+worker's append script publishes (:func:`publisher.live.notification.encode_notification`: the event
 itself), so both edges see the same three commands per event and the product is measured
 as deployed; ``--seq-only`` keeps the seq-only payload (an older worker). ``resume``
 stores 10,000 events and times one reader from position 0 on each edge (TTFB and
@@ -43,7 +43,7 @@ import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from publisher.live import encode_notification
+from publisher.live.notification import encode_notification
 
 LIVE_MAX_BYTES = 64 * 1024
 ROWS: dict[str, dict[str, Any]] = {

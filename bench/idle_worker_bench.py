@@ -16,9 +16,9 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 
+from infra.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from schema.keys import Keys
 from tests.redis_servers import redis_cluster, redis_node
-from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.upstream import new_session

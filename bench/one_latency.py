@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from publisher.live import encode_notification
+from publisher.live.notification import encode_notification
 
 CLIENT = r"""
 import json, re, selectors, socket, sys, time

@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from publisher.api.edge import EdgeRunner
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.edge import EdgeRunner
 from publisher.settings import PublisherSettings
 from publisher.state import HUB
 from schema.keys import Keys

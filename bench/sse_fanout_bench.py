@@ -32,7 +32,7 @@ from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings
 from schema.contract import BlockDelta, BlockRef, BlockStart, Delta, StreamDone, StreamStart, encode_event
 from schema.keys import Keys
-from worker.embedded_redis import redis_url
+from tools.embedded_redis import redis_url
 
 API_KEY = "bench-key"
 SID = "st_bench"

@@ -1,12 +1,12 @@
 """The publisher's application factory: settings in, a ready ``web.Application`` out.
 
 :func:`create_app` is what the CLI, the functional tests, later end-to-end tests and the
-demo all start. The Redis client (:func:`worker.redis_client.connect`: on a single node a
+demo all start. The Redis client (:func:`infra.redis_client.connect`: on a single node a
 blocking pool of ``FANOUT_REDIS_MAX_CONNECTIONS``, so a burst of readers waits for a
 connection instead of failing; with ``FANOUT_REDIS_CLUSTER=1`` a cluster client, that
 many connections per node), the hub (classic pub/sub on a plain connection to one node,
 or, on a Redis 7 cluster, sharded pub/sub at each slot's owner:
-:func:`worker.redis_client.live_mode`) and
+:func:`infra.redis_client.live_mode`) and
 the jobs streams' groups (created at start, the shard count recorded in
 ``P:jobshards``) live in ``cleanup_ctx``; state is reached
 through the typed keys of :mod:`publisher.state`. Run the app with
@@ -25,21 +25,21 @@ from typing import Any, Final
 from aiohttp import web
 from opentelemetry import metrics, trace
 
-from publisher.accesslog import MaskedAccessLogger
-from publisher.edge import install_log_filter
-from publisher.hub import Hub
-from publisher.limits import ConnectionGate
-from publisher.middleware import add_cors_headers, edge_middleware
-from publisher.reader import Reader
-from publisher.routes import setup_routes
+from infra.redis_client import RedisClient, RedisOptions, connect, live_mode, node_client
+from publisher.api.accesslog import MaskedAccessLogger
+from publisher.api.edge import install_log_filter
+from publisher.api.limits import ConnectionGate
+from publisher.api.middleware import add_cors_headers, edge_middleware
+from publisher.api.routes import Plugins, setup_routes
+from publisher.api.submit import JobShards, announce_shards
+from publisher.history.store import Store
+from publisher.live.hub import Hub
+from publisher.live.reader import Reader
 from publisher.settings import PublisherSettings, resolve_secrets
 from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
-from publisher.store import Store
-from publisher.submit import JobShards, announce_shards
 from publisher.telemetry import Telemetry
 from schema.keys import Keys
 from schema.settings import SettingsError
-from worker.redis_client import RedisClient, RedisOptions, connect, live_mode, node_client
 
 RUNNER_KWARGS: Final[dict[str, Any]] = {"access_log_class": MaskedAccessLogger, "handler_cancellation": True}
 """Keyword arguments for ``web.AppRunner`` / ``TestServer`` / ``web.run_app`` of this app."""
@@ -56,6 +56,7 @@ def create_app(
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: metrics.MeterProvider | None = None,
     wrap_redis: RedisWrapper | None = None,
+    plugins: Plugins | None = None,
 ) -> web.Application:
     """Build the publisher app.
 
@@ -66,9 +67,12 @@ def create_app(
         tracer_provider: Source of spans (default: the global provider).
         meter_provider: Source of metrics (default: the global provider).
         wrap_redis: Wraps the command client used for stream reads and writes.
+        plugins: Optional routes by name (:data:`publisher.api.routes.Plugins`): ``demo``
+            is installed with ``FANOUT_DEMO_PAGE=1``.
 
     Raises:
-        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode.
+        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode, or
+            ``FANOUT_DEMO_PAGE=1`` without the ``demo`` plug-in.
     """
     settings = resolve_secrets(settings)
     app = web.Application(
@@ -85,7 +89,7 @@ def create_app(
     app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))
     app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(close_streams)
-    setup_routes(app, settings)
+    setup_routes(app, settings, plugins or {})
     return app
 
 

@@ -26,17 +26,18 @@ import sys
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from infra.redis_client import REDIS_ERRORS
+from publisher.api.edge import EdgeRunner
+from publisher.api.edge import run as run_loop
+from publisher.api.readiness import READY_TIMEOUT_S
+from publisher.api.routes import Plugins
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.edge import EdgeRunner
-from publisher.edge import run as run_loop
-from publisher.readiness import READY_TIMEOUT_S
 from publisher.settings import PublisherSettings, settings_from_env
 from publisher.state import REDIS
 from publisher.telemetry import providers_from_env
 from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, port_number, redact_url
 from schema.settings import SettingsError
-from worker.redis_client import REDIS_ERRORS
 
 log = logging.getLogger("publisher")
 
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     check_redis_url(settings.redis_url, source="--redis-url" if args.redis_url else "REDIS_URL")
     try:
-        return run_loop(serve(settings, args.host, args.port), use_uvloop=settings.uvloop)
+        return run_loop(serve(settings, args.host, args.port, getattr(args, "plugins", None) or {}),
+                        use_uvloop=settings.uvloop)
     except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on a single node)
         print(f"fanout publisher: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -94,14 +96,18 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def serve(settings: PublisherSettings, host: str, port: int) -> int:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully; return 0."""
+async def serve(settings: PublisherSettings, host: str, port: int, plugins: Plugins) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully; return 0.
+
+    ``plugins``: optional routes (:data:`publisher.api.routes.Plugins`), from ``fanout_cli``.
+    """
     providers = providers_from_env(os.environ)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider)
+    app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider,
+                     plugins=plugins)
     runner = EdgeRunner(app, handle_signals=False, shutdown_timeout=settings.shutdown_grace_s, **RUNNER_KWARGS)
     await runner.setup()
     try:
@@ -126,7 +132,7 @@ async def warn_unless_redis_answers(app: web.Application, redis_url: str) -> boo
     """PING Redis once at start; log a WARNING naming the URL and the fix when it does not answer.
 
     Returns:
-        True when Redis answered within :data:`publisher.readiness.READY_TIMEOUT_S`.
+        True when Redis answered within :data:`publisher.api.readiness.READY_TIMEOUT_S`.
     """
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):

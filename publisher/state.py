@@ -15,12 +15,12 @@ from publisher.settings import PublisherSettings
 from schema.keys import Keys
 
 if TYPE_CHECKING:
-    from publisher.hub import Hub
-    from publisher.limits import ConnectionGate
-    from publisher.store import Store
-    from publisher.submit import JobShards
+    from infra.redis_client import RedisClient
+    from publisher.api.limits import ConnectionGate
+    from publisher.api.submit import JobShards
+    from publisher.history.store import Store
+    from publisher.live.hub import Hub
     from publisher.telemetry import Telemetry
-    from worker.redis_client import RedisClient
 
 SETTINGS = web.AppKey("settings", PublisherSettings)
 """The resolved settings (secret included)."""

@@ -2,7 +2,7 @@
 
 The app takes a tracer provider and a meter provider (tests inject in-memory ones); the
 CLI builds them from the standard ``OTEL_*`` variables with :func:`providers_from_env`
-(:mod:`worker.otel_setup`: nothing is exported unless an exporter variable asks). Span
+(:mod:`infra.otel_setup`: nothing is exported unless an exporter variable asks). Span
 attributes never hold the query string (it may carry a token). The SSE span of a reader
 links to the submit span of its stream (meta field ``traceparent``). Metric attribute
 values come from small fixed sets (:data:`ATTRIBUTE_VALUES`), never stream ids.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, propagate, trace
 
-from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, redis_error_kind
-from worker.otel_setup import providers_from_env as _providers_from_env
+from infra.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, redis_error_kind
+from infra.otel_setup import providers_from_env as _providers_from_env
 
 if TYPE_CHECKING:
-    from publisher.entries import Entry
+    from publisher.history.entries import Entry
 
 SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""
@@ -137,7 +137,7 @@ class Telemetry:
             self.latency.record(max(0.0, time.time() - ts_ms / 1000), {"phase": phase})
 
     def redis_error(self, exc: BaseException) -> None:
-        """Count one Redis error by kind (:func:`worker.otel_setup.redis_error_kind`)."""
+        """Count one Redis error by kind (:func:`infra.otel_setup.redis_error_kind`)."""
         self.redis_errors.add(1, {"kind": redis_error_kind(exc)})
 
     def refusal(self, slug: str) -> None:
@@ -156,5 +156,5 @@ class Telemetry:
 
 
 def providers_from_env(environ: Mapping[str, str]) -> Providers:
-    """Build the SDK providers the ``OTEL_*`` variables ask for (see :mod:`worker.otel_setup`)."""
+    """Build the SDK providers the ``OTEL_*`` variables ask for (see :mod:`infra.otel_setup`)."""
     return _providers_from_env(environ, service_name="fanout-publisher")

@@ -2,6 +2,8 @@
 
 Everything worker and publisher must agree on lives here. Pure: imports no asyncio,
 aiohttp, redis or opentelemetry.
+
+Must not import :mod:`infra`, :mod:`worker`, :mod:`publisher` or :mod:`tools`.
 """
 
 from schema.contract import (

@@ -14,9 +14,9 @@ the others live next to the only code that raises them and name their module.
     │   ├── UpstreamTransportError    * connection refused, reset or closed mid-body (worker)
     │   └── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
     ├── ClientError                   * a bad request to our edge (publisher)
-    │   ├── ProblemError              publisher.problems: answered as an RFC 9457 problem document
-    │   ├── TokenInvalidError         publisher.tokens: malformed read token or bad signature
-    │   └── TokenExpiredError         publisher.tokens: a well-signed read token past its ``exp``
+    │   ├── ProblemError              publisher.api.problems: answered as an RFC 9457 problem document
+    │   ├── TokenInvalidError         publisher.api.tokens: malformed read token or bad signature
+    │   └── TokenExpiredError         publisher.api.tokens: a well-signed read token past its ``exp``
     ├── InternalError                 * our bug, or Redis unreachable
     │   ├── AppendRefusedError        * the append script refused a batch; nothing of it was stored (worker)
     │   │   ├── FencedError           * another worker took the stream (meta ``token`` moved on)
@@ -24,7 +24,7 @@ the others live next to the only code that raises them and name their module.
     │   │   ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
     │   │   └── StreamClosedError     * the stream already has its terminal event
     │   ├── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
-    │   └── HistoryChangedError       publisher.store: the stream was written again as another generation mid-read
+    │   └── HistoryChangedError       publisher.history.store: the stream was written again mid-read
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
     ├── CommandError                  fanout_client.errors: a user mistake, reported as one line and an exit status
     ├── SSEProtocolError              fanout_client.errors: the publisher's SSE body broke its framing or line limit

@@ -26,7 +26,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
 86400 s, ``FANOUT_TOMBSTONE_TTL_S`` default 604800 s, ``FANOUT_DONE_MAXLEN`` default
 100000; publisher ``FANOUT_CANCEL_TTL_S`` default 86400 s):
 
-* Submission (publisher, :mod:`publisher.submit`). One script on the stream's slot (KEYS
+* Submission (publisher, :mod:`publisher.api.submit`). One script on the stream's slot (KEYS
   meta, tomb, events) answers ``same``/``conflict`` when meta exists (same or other
   ``body_hash``) and ``used`` when only a tombstone or events remain; else it creates
   ``meta`` with ``body_hash``, ``state=queued``, ``provider``, ``model``,
@@ -40,7 +40,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   the same stream id can submit again) and re-raises (503 ``redis-unavailable``). If
   that ``DEL`` fails too, or the publisher dies between the meta script and the
   ``XADD``, the ``queued`` meta stays without a job. A resubmission of the same body
-  more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.submit`) finds it
+  more than 30 s later (``ORPHAN_AFTER_MS`` of :mod:`publisher.api.submit`) finds it
   (``orphan``: queued, no ``job_id``), refreshes ``created_ms`` in the same script so
   concurrent retries cannot both win, and enqueues the job. An ``XADD`` that raised
   although Redis applied it leaves a job whose meta was deleted; the worker's claim
@@ -62,7 +62,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   events, meta, tomb, live) must present that token, so an older owner is fenced out;
   they write ``0-<seq>`` entries, advance ``last_seq`` (with seq 1 they store the writer's
   ``epoch``; after it they must name meta's) and ``PUBLISH`` it on ``live``
-  (``SPUBLISH`` on a Redis 7 cluster: ``worker.redis_client.live_mode``). On a
+  (``SPUBLISH`` on a Redis 7 cluster: ``infra.redis_client.live_mode``). On a
   terminal event they set ``state=done``, ``status``, ``ended_ms``, ``EXPIRE`` events and
   meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
   summary then goes to ``P:done`` by a separate ``XADD MAXLEN ~ done_maxlen`` (another
@@ -73,7 +73,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   still-pending entry look a whole lease idle, so the next ``XAUTOCLAIM`` of any worker
   takes it at once; meta keeps ``state=running`` and the old ``owner``/``token`` until
   that claim overwrites them.
-* Cancel (publisher, :mod:`publisher.status`, only for a known stream not yet done): a
+* Cancel (publisher, :mod:`publisher.api.status`, only for a known stream not yet done): a
   plain ``SET P:{id}:cancel 1 EX cancel_ttl_s``, then ``PUBLISH P:cancels <id>`` (two
   commands: a cluster pipeline refuses ``PUBLISH``). The owning worker aborts and writes ``stream.error`` ``cancelled``;
   the flag is also read at claim and at every lease renewal (a missed notification),

@@ -19,7 +19,7 @@ reads one shape from every container:
   those pairs as fields of their own (``"event": "job_end"``), so a collector can filter on them.
 
 Only the root logger gets a handler; filters that loggers carry (the publisher's
-:class:`publisher.edge.ParseErrorFilter` on ``aiohttp.server``) run before any handler and
+:class:`publisher.api.edge.ParseErrorFilter` on ``aiohttp.server``) run before any handler and
 keep working under both formats. Handlers others add to the root (the OpenTelemetry log
 handler) are left in place. Imports no asyncio, aiohttp, redis or opentelemetry.
 """

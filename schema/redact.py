@@ -98,3 +98,17 @@ def redact(text: str) -> str:
     for pattern, replace in _RULES:
         text = pattern.sub(replace, text)
     return text
+
+
+MAX_MESSAGE_CHARS: Final = 500
+"""Longest error message passed on to readers; longer ones are cut."""
+
+
+def safe_message(text: str) -> str:
+    """Return ``text`` with every key-shaped string out (:func:`redact`), cut to MAX_MESSAGE_CHARS.
+
+    The one path of every message shown to readers: ``stream.error``'s ``error.message``
+    (the normalizer and the worker's own storage errors), meta ``error_message``.
+    """
+    masked = redact(text)
+    return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"

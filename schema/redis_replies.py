@@ -3,7 +3,7 @@
 Worker (every write: claim, append, terminal, ack, lease renewal, intake), publisher
 (``/readyz``), ``fanout health`` and the ``fanout.redis.errors`` metric all classify a
 Redis reply through :func:`rule_for` of its code (:func:`reply_code`), via
-:func:`worker.redis_faults.classify`, which adds what only the client knows (connection
+:func:`infra.redis_faults.classify`, which adds what only the client knows (connection
 errors, timeouts, redis-py's exception classes).
 
 Source: Redis, "Redis error messages" (an error reply starts with an uppercase word, the

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from infra.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from schema.keys import Keys
 from tests.redis_servers import RedisClusterServers, redis_cluster, redis_node
-from worker.embedded_redis import redis_url as _redis_url
-from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
+from tools.embedded_redis import redis_url as _redis_url
 
 TOPOLOGIES = ("single", "cluster")
 """The Redis topologies a ``topologies``-marked test runs on."""

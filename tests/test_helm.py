@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fanout_cli import build_parser
-from publisher.routes import ROUTES
+from publisher.api.routes import ROUTES
 from publisher.settings import PublisherSettings
 from schema.logs import LogSettings
 from schema.settings import load_settings

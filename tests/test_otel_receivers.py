@@ -1,6 +1,6 @@
 """What the worker and the publisher export reaches real receivers, configured only through ``OTEL_*``.
 
-Both roles run as real processes (:class:`publisher.stack.LocalStack`). One stack exports
+Both roles run as real processes (:class:`tools.demo.stack.LocalStack`). One stack exports
 OTLP/HTTP to a receiver in this test (aiohttp, decoding the protobuf payloads with
 ``opentelemetry-proto``); another serves the Prometheus endpoint of each process, scraped
 and parsed with ``prometheus_client``'s text parser. The metrics table of docs/observability.md
@@ -27,8 +27,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
-from publisher.stack import LocalStack, free_port, wait_for_port
 from publisher.telemetry import ATTRIBUTE_VALUES as PUBLISHER_VALUES
+from tools.demo.stack import LocalStack, free_port, wait_for_port
 from worker.telemetry import ATTRIBUTE_VALUES as WORKER_VALUES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -431,7 +431,7 @@ def busy_port() -> Iterator[int]:
 
 def test_prometheus_port_in_use_is_one_warning_not_a_crash(busy_port: int, monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
-    from worker.otel_setup import providers_from_env
+    from infra.otel_setup import providers_from_env
 
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1")
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(busy_port))

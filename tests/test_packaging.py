@@ -35,23 +35,23 @@ def test_wheel_holds_packages_cli_schema_and_demo_page(wheel: zipfile.ZipFile) -
     names = set(wheel.namelist())
     for required in ("fanout_cli.py", "schema/contract.py", "schema/contract.schema.json", "fanout_client/contract.py",
                      "worker/normalizer.py", "worker/adapters/anthropic.py", "publisher/app.py",
-                     "publisher/static/demo.html"):
+                     "tools/demo/static/demo.html"):
         assert required in names, required
     assert not any(name.startswith("tests/") for name in names)
 
 
 def test_wheel_holds_every_demo_asset_and_the_vendored_licenses(wheel: zipfile.ZipFile) -> None:
-    from publisher.demo_routes import ASSETS
+    from tools.demo.routes import ASSETS
 
     names = set(wheel.namelist())
     for path in ASSETS.values():
         assert path.relative_to(ROOT).as_posix() in names, path
     for license_file in ("marked.LICENSE", "dompurify.LICENSE", "dompurify.LICENSE-MPL", "README.md"):
-        assert f"publisher/static/vendor/{license_file}" in names, license_file
+        assert f"tools/demo/static/vendor/{license_file}" in names, license_file
 
 
 def test_vendored_libraries_are_the_npm_files_their_readme_names() -> None:
-    vendor = ROOT / "publisher" / "static" / "vendor"
+    vendor = ROOT / "tools" / "demo" / "static" / "vendor"
     readme = (vendor / "README.md").read_text(encoding="utf-8")
     for name, banner, version in (("marked.umd.js", "marked v", "18.2.1"), ("purify.min.js", "DOMPurify ", "3.5.0")):
         data = (vendor / name).read_bytes()

@@ -22,7 +22,12 @@ PURE = [
     ROOT / "worker" / "normalizer.py",
     ROOT / "worker" / "error_policy.py",
     ROOT / "worker" / "pipeline.py",
-    ROOT / "worker" / "replay.py",
+    ROOT / "tools" / "replay.py",
+    *sorted((ROOT / "publisher" / "wire").glob("*.py")),
+    ROOT / "publisher" / "history" / "entries.py",
+    ROOT / "publisher" / "history" / "visibility.py",
+    ROOT / "publisher" / "live" / "notification.py",
+    ROOT / "publisher" / "api" / "tokens.py",
     *sorted((ROOT / "worker" / "adapters").glob("*.py")),
 ]
 

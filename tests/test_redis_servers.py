@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.redis_servers import redis_cluster
-from worker.embedded_redis import redis_server_binary
+from tools.embedded_redis import redis_server_binary
 
 
 def _version(binary: str) -> str:

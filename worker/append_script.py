@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`worker.appender` (which runs it) so the protocol can be read in one
 place. Layout and protocol: :mod:`schema.keys`; the notification's format:
-:mod:`publisher.live`. Redis command pages followed: EVALSHA, XADD, HSET, EXPIRE,
+:mod:`publisher.live.notification`. Redis command pages followed: EVALSHA, XADD, HSET, EXPIRE,
 PUBLISH, SPUBLISH. Pure: a string and its documentation, no imports of redis or asyncio.
 
 Generations (contract 1.1). A batch that starts at seq 1 opens a generation: the script
@@ -66,7 +66,7 @@ ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
 tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
 answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
-:func:`worker.redis_client.live_mode`), then the writer's epoch ('' for a stream started
+:func:`infra.redis_client.live_mode`), then the writer's epoch ('' for a stream started
 before contract 1.1).
 
 Answers ``{code, detail}``: ``ok``/``landed`` with the new last seq; ``fenced`` (another
@@ -77,4 +77,4 @@ first seq - 1) with what meta holds.
 The notification is ``<last> <first> <epoch>\\n<json>\\n...`` when the JSONs and their
 separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else the
 seq-only ``<last> <first> <epoch>``; without an epoch, ``<last> <first>\\n<json>...`` and
-``<last>`` as before 1.1 (:mod:`publisher.live`)."""
+``<last>`` as before 1.1 (:mod:`publisher.live.notification`)."""

@@ -15,13 +15,13 @@ The script (``EVALSHA`` of a script registered with redis-py's ``register_script
    tombstone_ttl_s``;
 4. ``PUBLISH <live> <payload>``, or ``SPUBLISH`` on a Redis 7 cluster: the batch's events
    themselves when they fit ``live_max_bytes``, else the seq-only form (format:
-   :mod:`publisher.live`).
+   :mod:`publisher.live.notification`).
 
 The script itself, with its arguments: :mod:`worker.append_script`. The epoch of a stream's
 generation is chosen by the writer of its ``stream.start`` (:func:`new_epoch`) and carried
 on that event; a later owner continues with the epoch its claim read from meta.
 
-Which pub/sub: :func:`worker.redis_client.live_mode`, decided once per process (the
+Which pub/sub: :func:`infra.redis_client.live_mode`, decided once per process (the
 worker asks at startup, :meth:`Appender.live`) and passed to every call; publishers
 decide the same way and subscribe accordingly. A classic ``PUBLISH`` on a cluster is
 broadcast to every node over the cluster bus; ``SPUBLISH`` stays on the shard owning the
@@ -43,7 +43,7 @@ already stored by the script, and a reclaiming worker finds the stream done and 
 acks it. A failed summary ``XADD`` is logged (``event=summary_lost``) and not raised,
 because the terminal event is stored and the job must be acked.
 
-Redis faults: each script call is retried by :func:`worker.storage.with_retry` (connection
+Redis faults: each script call is retried by :func:`infra.storage.with_retry` (connection
 errors, timeouts, the transient refusals of :mod:`schema.redis_replies` such as ``BUSY``
 and ``NOREPLICAS``, and ``OOM``/``MISCONF`` within the window); redis-py itself may also resend a command
 after a connection error. A resent call may find its first try applied. The fenced seq
@@ -70,6 +70,9 @@ from typing import Any, Final
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
+from infra.redis_client import LiveMode, LivePubSub, RedisClient, live_mode
+from infra.redis_faults import redis_error_fields
+from infra.storage import RetryPolicy, wait_replicated, with_retry
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
 from schema.errors import (
     AppendRefusedError,
@@ -82,10 +85,7 @@ from schema.errors import (
 )
 from schema.keys import Keys
 from worker.append_script import APPEND_LUA
-from worker.error_policy import redis_error_fields
-from worker.redis_client import LiveMode, LivePubSub, RedisClient, live_mode
 from worker.salvage import Salvage
-from worker.storage import RetryPolicy, wait_replicated, with_retry
 from worker.summary import summary_fields
 
 __all__ = [
@@ -130,14 +130,14 @@ class Appender:
         stream_ttl_s: TTL of a finished stream's events and meta.
         tombstone_ttl_s: TTL of its tombstone.
         done_maxlen: Approximate cap of the summaries stream.
-        retry: Retry of failed script calls (:mod:`worker.storage`).
+        retry: Retry of failed script calls (:mod:`infra.storage`).
         on_retry: Called with the Redis error before each retried script call (a metric).
         wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
         wait_ms: Longest such ``WAIT``, ms.
         live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
             ride on the live notification; a larger batch publishes only its last seq.
         live_pubsub: ``FANOUT_LIVE_PUBSUB``, resolved by :meth:`live` on first use
-            (:func:`worker.redis_client.live_mode`).
+            (:func:`infra.redis_client.live_mode`).
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class Appender:
         """The resolved live mode once :meth:`live` ran."""
 
     async def live(self) -> LiveMode:
-        """Return the live mode, deciding it on the first call (:func:`worker.redis_client.live_mode`).
+        """Return the live mode, deciding it on the first call (:func:`infra.redis_client.live_mode`).
 
         The worker calls it at startup, so a deployment that cannot do what
         ``FANOUT_LIVE_PUBSUB`` asks fails then; every append reuses the answer.
@@ -177,7 +177,7 @@ class Appender:
         return self.live_mode
 
     async def replicate_terminal(self, stream_id: str) -> None:
-        """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`worker.storage.wait_replicated`).
+        """``WAIT`` for :attr:`wait` replicas of the stream's primary (:func:`infra.storage.wait_replicated`).
 
         A short count or a Redis error is logged (``event=terminal_unreplicated``), not raised.
         """

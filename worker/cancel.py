@@ -4,7 +4,7 @@ The publisher sets ``P:{id}:cancel`` = 1 and PUBLISHes the stream id on ``P:canc
 (:mod:`schema.keys`). This listener hands each id to a callback that stops the job if it
 runs here. A notification missed while disconnected is caught by the flag check at job
 start and at every lease renewal (:mod:`worker.lease`). The subscription runs on a plain
-connection to one node (:func:`worker.redis_client.node_client`: classic pub/sub reaches
+connection to one node (:func:`infra.redis_client.node_client`: classic pub/sub reaches
 every node of a cluster), picked again after each failure. Redis command pages followed:
 SUBSCRIBE, PUBLISH (non-sharded Pub/Sub, Redis 6.2 compatible).
 """
@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import redis.exceptions
 
+from infra.redis_client import RedisClient, node_client
+from infra.redis_faults import redis_error_fields
 from schema.keys import Keys
-from worker.error_policy import redis_error_fields
-from worker.redis_client import RedisClient, node_client
 
 log = logging.getLogger("fanout.worker.cancel")
 

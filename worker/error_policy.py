@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Final
 
 from schema.contract import ErrorCategory, ErrorStatus
-from schema.logs import quoted
-from schema.redact import redact
+from schema.redact import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
+from schema.redact import safe_message as safe_message
 
 RETRYABLE: Final[dict[ErrorCategory, bool]] = {
     "upstream_overloaded": True,
@@ -41,25 +41,3 @@ STATUS_OF_CATEGORY: Final[dict[ErrorCategory, ErrorStatus]] = {
 }
 """``stream.error`` status for categories that are not ``failed``."""
 
-MAX_MESSAGE_CHARS: Final = 500
-"""Longest error message passed on to readers; longer ones are cut."""
-
-
-def safe_message(text: str) -> str:
-    """Return ``text`` with every key-shaped string out (:func:`schema.redact.redact`), cut to MAX_MESSAGE_CHARS.
-
-    The one path of every message shown to readers: ``stream.error``'s ``error.message``
-    (the normalizer and the worker's own storage errors), meta ``error_message``.
-    """
-    masked = redact(text)
-    return masked if len(masked) <= MAX_MESSAGE_CHARS else masked[: MAX_MESSAGE_CHARS - 1] + "…"
-
-
-def redis_error_fields(exc: BaseException) -> str:
-    """Return ``error=<class> message="<text>"`` for a log line: the server's message, masked and quoted.
-
-    The text is :func:`safe_message` of ``str(exc)`` (credentials masked, cut), quoted by
-    :func:`schema.logs.quoted` (backslashes, double quotes and line breaks escaped), so
-    the key=value line stays one line.
-    """
-    return f"error={type(exc).__name__} message={quoted(safe_message(str(exc)), always=True)}"

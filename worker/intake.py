@@ -32,14 +32,13 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable
 from typing import Any, Final
 
 import redis.exceptions
 
-from schema.keys import JOB_FIELD, JOBS_GROUP, MAX_JOB_SHARDS, Keys
-from worker.redis_client import RedisClient
-from worker.redis_faults import error_code, fault_kind
+from infra.groups import ensure_jobs_group, is_nogroup, streams_in_use, text
+from infra.redis_client import RedisClient
+from schema.keys import JOB_FIELD, JOBS_GROUP, Keys
 
 log = logging.getLogger("fanout.worker.intake")
 
@@ -55,108 +54,13 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _is_nogroup(exc: redis.exceptions.ResponseError) -> bool:
-    """Whether ``exc`` says the jobs group is gone.
-
-    ``NOGROUP``, or (Redis 7) ``UNBLOCKED the stream key no longer exists``: the answer to a
-    read blocked on a stream deleted meanwhile (evicted, flushed).
-    """
-    code = error_code(exc)
-    return code == "NOGROUP" or (code == "UNBLOCKED" and "no longer exists" in str(exc))
-
-
-def _count(value: bytes | str) -> int | None:
-    """Return a recorded shard count, or None unless it is ASCII decimal digits.
-
-    ``str.isdigit`` alone also takes ``'²'`` and other Unicode digits, which ``int`` refuses.
-    """
-    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-    return int(text) if text.isascii() and text.isdigit() else None
-
-
-def shard_count(own: int, recorded: Iterable[bytes | str]) -> int:
-    """Return the shard count to serve: the largest of ``own`` and the valid recorded counts (capped).
-
-    A member that is not an ASCII decimal (a stray write, bytes that are not text) is skipped.
-    """
-    counts = [count for count in map(_count, recorded) if count is not None]
-    return min(MAX_JOB_SHARDS, max([own, *counts]))
-
-
-async def streams_in_use(client: RedisClient, keys: Keys, own_shards: int) -> list[str]:
-    """Every jobs stream to serve: the shards (see :func:`shard_count`), then ``P:jobs`` if it exists."""
-    recorded = await client.smembers(keys.job_shards)
-    streams = keys.jobs_streams(shard_count(own_shards, recorded))
-    if await client.exists(keys.jobs):
-        streams.append(keys.jobs)
-    return streams
-
-
-async def ensure_group(client: RedisClient, stream: str, *, mkstream: bool = True) -> bool:
-    """Create ``stream`` (unless ``mkstream`` is false) and its ``workers`` group if missing (start id 0).
-
-    The group starts at id 0, so jobs enqueued before the first worker started are read.
-
-    Returns:
-        True if the group was created; False if it existed, or (``mkstream`` false) the
-        stream does not exist.
-    """
-    try:
-        await client.xgroup_create(stream, JOBS_GROUP, id="0", mkstream=mkstream)
-    except redis.exceptions.ResponseError as exc:
-        if error_code(exc) == "BUSYGROUP" or (not mkstream and "requires the key to exist" in str(exc)):
-            return False
-        raise
-    return True
-
-
-async def ensure_jobs_group(client: RedisClient, keys: Keys, stream: str) -> bool:
-    """:func:`ensure_group` for a jobs stream; the legacy ``P:jobs`` is never created, only given its group.
-
-    Nothing writes ``P:jobs`` any more: a missing one was retired, and creating it would keep
-    every worker reading it for good.
-    """
-    return await ensure_group(client, stream, mkstream=stream != keys.jobs)
-
-
-async def missing_groups(client: RedisClient, streams: list[str]) -> list[str]:
-    """Return the streams of ``streams`` that have no ``workers`` group (``XINFO GROUPS`` each).
-
-    A stream whose ``XINFO GROUPS`` is refused for good (``ERR no such key``, ``WRONGTYPE``)
-    counts as missing its group; a refusal a retry cures (``BUSY``, ``MASTERDOWN``, ...:
-    :func:`worker.redis_faults.fault_kind`) is raised, not taken for a missing group.
-
-    Raises:
-        redis.exceptions.AskError: ``MOVED``/``ASK``: a plain client talks to a Cluster
-            node (``FANOUT_REDIS_CLUSTER`` does not match the server); not a missing group.
-        redis.exceptions.ResponseError: A transient refusal (above).
-    """
-    missing = []
-    for stream in streams:
-        try:
-            groups = await client.xinfo_groups(stream)
-        except redis.exceptions.AskError:
-            raise
-        except redis.exceptions.ResponseError as exc:
-            if fault_kind(exc) != "permanent":
-                raise
-            groups = []  # no such key, or not a stream
-        if not any(_text(group.get("name", b"")) == JOBS_GROUP for group in groups):
-            missing.append(stream)
-    return missing
-
-
 def _entries(stream: str, keys: Keys, raw: Any) -> list[JobEntry]:
     out: list[JobEntry] = []
     for item in raw or []:
         if not item or item[0] is None:
             continue  # an entry deleted while pending (Redis 6.2 XAUTOCLAIM gives it as nil)
         entry_id, fields = item[0], item[1]
-        out.append((keys.job_ref(stream, _text(entry_id)), (fields or {}).get(JOB_FIELD)))
+        out.append((keys.job_ref(stream, text(entry_id)), (fields or {}).get(JOB_FIELD)))
     return out
 
 
@@ -213,7 +117,7 @@ class Intake:
                 JOBS_GROUP, self.consumer, {stream: ">"}, count=count, block=block_ms,
             )
         except redis.exceptions.ResponseError as exc:
-            if not _is_nogroup(exc):
+            if not is_nogroup(exc):
                 raise
             await self._recreate(stream, exc)
             return []
@@ -231,9 +135,9 @@ class Intake:
                 count=count,
             )
         except redis.exceptions.ResponseError as exc:
-            if not _is_nogroup(exc):
+            if not is_nogroup(exc):
                 raise
             await self._recreate(stream, exc)
             return []
-        self._cursors[stream] = _text(reply[0])
+        self._cursors[stream] = text(reply[0])
         return _entries(stream, self.keys, reply[1])

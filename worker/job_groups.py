@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import redis.exceptions
 
+from infra.redis_client import REDIS_ERRORS, RedisClient
 from schema.keys import JOBS_GROUP
-from worker.redis_client import REDIS_ERRORS, RedisClient
 from worker.telemetry import Telemetry
 
 log = logging.getLogger("fanout.worker.job_groups")

@@ -20,7 +20,7 @@ or the provider's ``Retry-After`` capped at ``retry_after_max_s``) only while no
 leave the job pending for the next owner. The job is XACKed only after its terminal event
 is stored (or found stored).
 
-Redis faults (:mod:`worker.storage`, one table: :mod:`schema.redis_replies`): the claim,
+Redis faults (:mod:`infra.storage`, one table: :mod:`schema.redis_replies`): the claim,
 appends, the terminal write and the ack are retried within ``FANOUT_APPEND_RETRY_S`` (at
 most the lease) through connection errors and transient refusals (``BUSY``,
 ``NOREPLICAS``, ``LOADING``, ``READONLY``, ...); lease renewals that fail are tried
@@ -42,6 +42,9 @@ import time
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
+from infra.redis_client import REDIS_ERRORS
+from infra.redis_faults import fault_fields
+from infra.storage import fault_kind, with_retry
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
@@ -51,9 +54,6 @@ from worker.control import Stopped, Stopper
 from worker.job_storage import JobContext, JobStorage, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
-from worker.redis_client import REDIS_ERRORS
-from worker.redis_faults import fault_fields
-from worker.storage import fault_kind, with_retry
 from worker.upstream import UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
@@ -135,7 +135,7 @@ class JobRun(JobStorage):
         return await self._claim(force=True)
 
     async def _claim(self, *, force: bool = False) -> Claim | Outcome:
-        """Claim the stream, retried like a write (:func:`worker.storage.with_retry`).
+        """Claim the stream, retried like a write (:func:`infra.storage.with_retry`).
 
         A retried claim whose first try was applied only moves the token one further (the
         claim count then includes it). A claim Redis refuses for good (``WRONGTYPE`` on

@@ -1,7 +1,7 @@
 """The storage side of a job run: appends, the terminal on failure, the ack, the lease.
 
 :class:`JobStorage` is the base of :class:`worker.job_run.JobRun`; it holds what touches
-Redis for one job once it is claimed, and the Redis fault rules (:mod:`worker.storage`):
+Redis for one job once it is claimed, and the Redis fault rules (:mod:`infra.storage`):
 writes are retried within ``FANOUT_APPEND_RETRY_S`` (at most the lease), lease renewals
 that fail are tried again soon and never stop the job by themselves (the append's token
 check is the guarantee), and a write Redis refuses for good ends the stream
@@ -19,19 +19,19 @@ from typing import Literal
 import aiohttp
 import redis.exceptions
 
+from infra.redis_client import REDIS_ERRORS
+from infra.redis_faults import fault_fields, redis_error_fields
+from infra.storage import with_retry
 from schema.contract import ErrorInfo, Event, StreamDone, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
 from worker.appender import Appender, FencedError, StreamClosedError, StreamWriter
 from worker.control import Stopped, Stopper
-from worker.error_policy import STATUS_OF_CATEGORY, redis_error_fields, safe_message
+from worker.error_policy import STATUS_OF_CATEGORY, safe_message
 from worker.lease import Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
-from worker.redis_client import REDIS_ERRORS
-from worker.redis_faults import fault_fields
 from worker.settings import WorkerSettings
-from worker.storage import with_retry
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 

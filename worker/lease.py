@@ -47,8 +47,8 @@ from typing import Final, Literal
 import msgspec
 from redis.commands.core import AsyncScript
 
+from infra.redis_client import RedisClient
 from schema.keys import JOBS_GROUP, Keys
-from worker.redis_client import RedisClient
 
 CLAIM_LUA: Final = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', '0', '0', '0', ''} end

@@ -20,12 +20,12 @@ import sys
 
 import redis.exceptions
 
+from infra.redis_client import REDIS_ERRORS, RedisOptions, connect
 from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
 from worker.job_groups import watch_job_groups
-from worker.redis_client import REDIS_ERRORS, RedisOptions, connect
 from worker.runner import Worker
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry

@@ -36,6 +36,9 @@ from collections.abc import Callable
 import aiohttp
 import redis.exceptions
 
+from infra.redis_client import RedisClient
+from infra.redis_faults import fault_fields, fault_kind
+from infra.storage import RetryPolicy
 from schema.keys import Keys
 from worker.appender import Appender
 from worker.cancel import CancelListener
@@ -43,10 +46,7 @@ from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
-from worker.redis_client import RedisClient
-from worker.redis_faults import fault_fields, fault_kind
 from worker.settings import WorkerSettings
-from worker.storage import RetryPolicy
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 

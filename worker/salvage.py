@@ -1,6 +1,6 @@
 """Ending a stream whose appends Redis refuses for good: store the terminal if possible, else mark it.
 
-Called after :class:`~schema.errors.StorageRefusedError` (:mod:`worker.storage`). Two
+Called after :class:`~schema.errors.StorageRefusedError` (:mod:`infra.storage`). Two
 steps, each one script on the stream's slot (KEYS events, meta, tomb, live, like the
 append), each fenced by the caller's token:
 
@@ -22,7 +22,7 @@ append), each fenced by the caller's token:
    (``SPUBLISH`` in sharded live mode, as the append) the unchanged ``last_seq``. Readers
    then see what an ended stream shows: the status route reports ``done`` with that
    status, and an SSE request at or past the last
-   stored event gets 204 (``publisher.events``), so no reader waits forever.
+   stored event gets 204 (``publisher.api.events``), so no reader waits forever.
 
 The caller acks the job after either step, and also when neither could store anything
 (meta itself unusable): a job that can never be stored must not loop through reclaims.
@@ -37,8 +37,8 @@ from typing import Any, Final
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
+from infra.redis_client import RedisClient
 from schema.keys import Keys
-from worker.redis_client import RedisClient
 
 TERMINAL_LUA: Final = """#!lua flags=allow-oom
 local n = tonumber(ARGV[8])
@@ -161,7 +161,7 @@ class Salvage:
                    message: str, mode: str = "classic", epoch: str = "", last_seq: int = 0) -> tuple[str, str]:
         """Run :data:`MARK_LUA`; return (``ok``/``fenced``/``closed``/``reset``, last_seq, token or epoch).
 
-        ``mode``: the live mode (:func:`worker.redis_client.live_mode`) of its notification;
+        ``mode``: the live mode (:func:`infra.redis_client.live_mode`) of its notification;
         ``epoch`` and ``last_seq``: the writer's generation and last stored seq.
 
         Raises:

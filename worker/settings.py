@@ -2,7 +2,7 @@
 
 Every field is the variable's name lower-cased without ``FANOUT_`` (``FANOUT_IDLE_TIMEOUT_S``
 → ``idle_timeout_s``); ``REDIS_URL`` maps as :func:`schema.settings.load_settings` describes
-(``OTEL_*`` variables are the SDK's: :mod:`worker.otel_setup`; ``FANOUT_LOG_LEVEL`` and
+(``OTEL_*`` variables are the SDK's: :mod:`infra.otel_setup`; ``FANOUT_LOG_LEVEL`` and
 ``FANOUT_LOG_FORMAT`` every process's: :mod:`schema.logs`). Provider API keys are not settings: they
 are read by :func:`worker.upstream.credentials_from_env` and never stored in a Struct
 that could be logged. Units live in the names (``_s`` seconds, ``_ms`` milliseconds).
@@ -36,11 +36,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Key namespace (``FANOUT_REDIS_PREFIX``), see :class:`schema.keys.Keys`."""
     redis_cluster: bool = False
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` (``redis://`` or ``rediss://``) names a seed node of a Redis
-    Cluster (:mod:`worker.redis_client`)."""
+    Cluster (:mod:`infra.redis_client`)."""
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: how the append script notifies live channels; ``auto`` is
     ``SPUBLISH`` on a cluster whose every primary runs Redis 7+, ``PUBLISH`` elsewhere
-    (:func:`worker.redis_client.live_mode`); ``sharded`` on a single node or a primary older than
+    (:func:`infra.redis_client.live_mode`); ``sharded`` on a single node or a primary older than
     7.0 is refused at start (exit 2); publishers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: jobs streams ``P:jobs:{0..n-1}``; the worker serves at least
@@ -119,7 +119,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_poll_s: _Positive = 5.0
     """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``
     and ``fanout.jobs.lag`` gauges, seconds; only while metrics are exported. The ``OTEL_*``
-    variables are read by :mod:`worker.otel_setup`, not here."""
+    variables are read by :mod:`infra.otel_setup`, not here."""
 
     @property
     def append_retry_window_s(self) -> float:

@@ -1,4 +1,4 @@
-"""The worker's spans and metrics (OpenTelemetry SDK); the exporters come from ``OTEL_*`` (:mod:`worker.otel_setup`).
+"""The worker's spans and metrics (OpenTelemetry SDK); the exporters come from ``OTEL_*`` (:mod:`infra.otel_setup`).
 
 Spans: ``fanout.job`` (one per job run, CONSUMER; the child of the publisher's submit span
 when the job carries W3C trace context) and its child ``fanout.upstream`` (one per upstream
@@ -19,9 +19,9 @@ from typing import Final, get_args
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from infra.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, providers_from_env, redis_error_kind
 from schema.contract import ErrorCategory, TerminalStatus
 from schema.job import PROVIDERS, Job
-from worker.otel_setup import REDIS_ERROR_KINDS, SECONDS_BUCKETS, Providers, providers_from_env, redis_error_kind
 
 SCOPE: Final = "fanout.worker"
 """Instrumentation scope name of every span and instrument."""
@@ -202,5 +202,5 @@ class Telemetry:
         self._retries.add(1, {"provider": _provider(provider), "category": category})
 
     def redis_error(self, exc: BaseException) -> None:
-        """Count one Redis error by kind (:func:`worker.otel_setup.redis_error_kind`)."""
+        """Count one Redis error by kind (:func:`infra.otel_setup.redis_error_kind`)."""
         self._redis_errors.add(1, {"kind": redis_error_kind(exc)})

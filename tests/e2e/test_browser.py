@@ -10,7 +10,7 @@ no delta missing or doubled. Model text containing HTML is shown, never executed
 
 Pages are opened with ``bypass_csp`` because Playwright's ``wait_for_function`` evaluates
 strings, which the page's Content-Security-Policy forbids; the sanitizer is then the only
-guard the unsafe-HTML test exercises (``tests/publisher/test_demo_routes.py`` checks the
+guard the unsafe-HTML test exercises (``tests/tools/test_demo_routes.py`` checks the
 CSP header).
 """
 
@@ -26,14 +26,14 @@ import msgspec
 import pytest
 
 from fanout_client import FanoutClient
-from publisher.stack import LocalStack
 from schema.contract import parse_event_id
 from schema.keys import Keys
 from schema.reducer import reduce
 from tests.conftest import client_for
 from tests.e2e.proxy import CuttingProxy
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop
-from worker.replay import replay_file
+from tools.demo.stack import LocalStack
+from tools.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FANOUT_CHROMIUM", "/usr/bin/chromium")

@@ -28,12 +28,12 @@ import pytest
 import redis
 import redis.cluster
 
-from publisher.stack import LocalStack, free_port, wait_for_port
 from schema.contract import encode_event
 from schema.keys import Keys
 from schema.reducer import reduce
 from tests.worker.redis_proc import private_redis
-from worker.replay import replay_file
+from tools.demo.stack import LocalStack, free_port, wait_for_port
+from tools.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ("anthropic", "thinking_with_signature")

@@ -16,13 +16,13 @@ import pytest
 
 from fanout_client import FanoutClient, PublisherUnreachableError, StreamUnavailableError
 from fanout_client.client import _backoff_s
-from publisher.stack import LocalStack, free_port
 from schema.contract import StreamDone, is_terminal, parse_event_id
 from schema.reducer import reduce
 from schema.validate import validate
 from tests.conftest import TOPOLOGIES
 from tests.e2e.proxy import CuttingProxy
-from worker.replay import replay_file
+from tools.demo.stack import LocalStack, free_port
+from tools.replay import replay_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ("openai_chat", "openai_chat", "reasoning_text_tool_call_blocks")

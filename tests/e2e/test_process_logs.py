@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from publisher.stack import free_port, wait_for_port
 from tests.schema.test_logs import LOGFMT_LINE, TS
+from tools.demo.stack import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_S = 30.0
@@ -181,6 +181,6 @@ def test_a_malformed_request_to_the_publisher_logs_no_header_value(single_redis_
     assert len(malformed) == 2, lines
     for line in malformed:
         if fmt == "json":
-            assert json.loads(line)["logger"] == "publisher.edge"
+            assert json.loads(line)["logger"] == "publisher.api.edge"
         else:
             assert LOGFMT_LINE.fullmatch(line), line

@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from publisher.stack import free_port
 from tests.faults.polling import until
 from tests.publisher.helpers import API_KEY, SECRET
+from tools.demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 START_GUARD_S = 30.0

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from infra.redis_client import RedisClient, RedisOptions, connect
 from schema.contract import Event, decode_event
 from schema.job import new_stream_id
 from schema.keys import Keys
@@ -41,8 +42,7 @@ from tests.worker.support import (
     submit,
     wait_for,
 )
-from worker.redis_client import RedisClient, RedisOptions, connect
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
+from tools.upstream import DEFAULT_ROOTS, ServerConfig
 
 CASE = "several_blocks_thinking_text_two_tools"
 GOLDEN_PATH: Path = DEFAULT_ROOTS[0] / "anthropic" / f"{CASE}.events.jsonl"

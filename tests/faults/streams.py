@@ -3,7 +3,7 @@ notification's shape left to the test (carried, seq-only, dropped, published lat
 
 An append stores ``XADD <events> 0-<seq> e <json>`` for each event and ``HSET`` meta
 (``last_seq``, and ``state``/``status`` at a terminal) in one MULTI, as the script's single
-call does, then publishes one live notification (:func:`publisher.live.encode_notification`).
+call does, then publishes one live notification (:func:`publisher.live.notification.encode_notification`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from publisher.live import encode_notification
+from publisher.live.notification import encode_notification
 from schema.contract import Event, encode_event, is_terminal, terminal_status
 from schema.keys import Keys
 from tests.publisher.helpers import block_start, delta, done, start, stop

@@ -19,10 +19,10 @@ import asyncio
 
 import pytest
 
+from infra.redis_client import RedisOptions, connect
 from schema.keys import Keys
 from tests.redis_servers import RedisServer
 from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, submit, wait_done
-from worker.redis_client import RedisOptions, connect
 
 pytestmark = pytest.mark.faults
 

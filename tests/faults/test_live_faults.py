@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from infra.redis_client import RedisOptions, connect
 from schema.contract import encode_event
 from schema.keys import Keys
 from tests.faults.conftest import StartPublisher
@@ -39,7 +40,6 @@ from tests.publisher.helpers import API_KEY, token_for
 from tests.redis_servers import RedisServer
 from worker.appender import Appender, StreamWriter
 from worker.lease import Leases
-from worker.redis_client import RedisOptions, connect
 
 pytestmark = pytest.mark.faults
 

@@ -27,11 +27,11 @@ import time
 import aiohttp
 import pytest
 
-from publisher.stack import LocalStack
 from schema.keys import Keys
 from tests.faults.conftest import StartPublisher
 from tests.publisher.helpers import API_KEY
 from tests.redis_servers import RedisServer, redis_node
+from tools.demo.stack import LocalStack
 
 pytestmark = pytest.mark.faults
 

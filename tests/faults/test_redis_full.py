@@ -33,7 +33,7 @@ from tests.faults.sse import Follower
 from tests.publisher.helpers import API_KEY
 from tests.redis_servers import RedisServer
 from tests.worker.support import fake_upstream, running_worker, settings_for
-from worker.upstream_server import ServerConfig
+from tools.upstream import ServerConfig
 
 pytestmark = pytest.mark.faults
 

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from publisher.stack import LocalStack
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, TERMINALS, Parser
 from tests.publisher.helpers import API_KEY, SECRET
 from tests.redis_servers import RedisServer, redis_node
+from tools.demo.stack import LocalStack
 
 pytestmark = pytest.mark.faults
 

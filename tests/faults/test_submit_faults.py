@@ -24,7 +24,7 @@ from tests.faults.proxy import FaultProxy
 from tests.publisher.helpers import API_KEY
 from tests.redis_servers import RedisServer
 from tests.worker.support import fake_upstream, meta, running_worker, settings_for, wait_done, wait_for
-from worker.upstream_server import ServerConfig
+from tools.upstream import ServerConfig
 
 pytestmark = pytest.mark.faults
 

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from publisher.api.edge import EdgeRunner
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.edge import EdgeRunner
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
 from tests.conftest import is_cluster_url

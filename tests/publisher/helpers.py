@@ -2,7 +2,7 @@
 
 Events are written like the bug cases do: ``XADD <events> 0-<seq> e <json>``, ``HSET``
 meta, ``PUBLISH`` the seq on the live channel (``SPUBLISH`` where the deployment's live
-mode is sharded, as the worker's script would: :func:`worker.redis_client.live_mode`).
+mode is sharded, as the worker's script would: :func:`infra.redis_client.live_mode`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from infra.redis_client import LiveMode, live_mode, publish_live
+from publisher.api.tokens import issue
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.live import encode_notification
+from publisher.history.visibility import Scope
+from publisher.live.notification import encode_notification
 from publisher.settings import PublisherSettings
-from publisher.tokens import Scope, issue
 from schema.contract import (
     BlockDelta,
     BlockRef,
@@ -38,7 +40,6 @@ from schema.contract import (
     terminal_status,
 )
 from schema.keys import Keys
-from worker.redis_client import LiveMode, live_mode, publish_live
 
 API_KEY = "test-api-key-0123456789"
 SECRET = "test-secret-" + "x" * 40

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.entries import entry_of
+from publisher.history.entries import entry_of
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,

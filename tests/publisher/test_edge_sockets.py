@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from publisher.edge import SERVER_LOGGER, ParseErrorFilter, install_log_filter
+from publisher.api.edge import SERVER_LOGGER, ParseErrorFilter, install_log_filter
 from schema import logs
 from tests.publisher.helpers import API_KEY, GUARD_S, StreamWriter, bearer, make_settings, start
 

@@ -9,8 +9,8 @@ import socket
 import aiohttp
 import pytest
 
+from publisher.api.validation import MAX_JSON_DEPTH
 from publisher.state import GATE, HUB
-from publisher.validation import MAX_JSON_DEPTH
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,

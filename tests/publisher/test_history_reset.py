@@ -33,7 +33,7 @@ from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, SSEClient, bearer, make_settings, running_publisher
 from tests.redis_servers import RedisServer, redis_cluster, redis_node
 from tests.worker.support import fake_upstream, running_worker, settings_for
-from worker.upstream_server import ServerConfig
+from tools.upstream import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = "several_blocks_thinking_text_two_tools"

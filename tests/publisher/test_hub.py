@@ -10,9 +10,9 @@ import socket
 import aiohttp
 import pytest
 
-from publisher.entries import Entry
-from publisher.hub import UNSUBSCRIBE_DELAY_S
-from publisher.reader import Reader
+from publisher.history.entries import Entry
+from publisher.live.hub import UNSUBSCRIBE_DELAY_S
+from publisher.live.reader import Reader
 from publisher.state import HUB
 from tests.conftest import client_for, delete_prefix
 from tests.publisher.helpers import (

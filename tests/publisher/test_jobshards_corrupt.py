@@ -10,10 +10,10 @@ UTF-8: such a member (a stray write, a corrupted set) raised ``ValueError`` or
 
 from __future__ import annotations
 
+from infra.groups import shard_count
+from infra.redis_client import RedisClient
 from schema.keys import Keys
 from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, submit, wait_done
-from worker.intake import shard_count
-from worker.redis_client import RedisClient
 
 MODEL = "simple_text_cyrillic_usage_chunk"
 STRAY = [b"\xc2\xb2", b"\xd9\xa3", b"\xff\xfe", b"-2", b" 3", b""]

@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from publisher.live import Notification, encode_notification, parse_notification
+from publisher.live.notification import Notification, encode_notification, parse_notification
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,

@@ -14,11 +14,11 @@ from typing import Any
 
 import aiohttp
 
-from publisher.live_reads import BURST, HOLD_MAX_S, LiveReads
-from publisher.pubsub import PubSubLink, endpoint_of
-from publisher.reader import Reader
-from publisher.store import Store
-from publisher.topic import Topic
+from publisher.history.store import Store
+from publisher.live.pubsub import PubSubLink, endpoint_of
+from publisher.live.reader import Reader
+from publisher.live.reads import BURST, HOLD_MAX_S, LiveReads
+from publisher.live.topic import Topic
 from tests.publisher.helpers import (
     API_KEY,
     GUARD_S,

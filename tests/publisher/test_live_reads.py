@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from publisher.entries import Page
-from publisher.live_reads import BURST
+from infra.redis_client import live_mode
+from publisher.history.entries import Page
+from publisher.history.store import Store
+from publisher.live.reads import BURST
+from publisher.live.topic import Topic
 from publisher.state import HUB
-from publisher.store import Store
-from publisher.topic import Topic
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,
@@ -27,7 +28,6 @@ from tests.publisher.helpers import (
     make_settings,
     start,
 )
-from worker.redis_client import live_mode
 
 
 class CountingRedis:

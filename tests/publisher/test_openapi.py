@@ -6,9 +6,10 @@ import json
 import re
 from pathlib import Path
 
+from publisher.api.problems import PROBLEM_BASE, PROBLEM_TYPES
 from publisher.app import create_app
-from publisher.problems import PROBLEM_BASE, PROBLEM_TYPES
 from tests.publisher.helpers import make_settings
+from tools.demo.routes import install
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "openapi.json"
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
@@ -19,7 +20,7 @@ def load_doc() -> dict:
 
 
 def app_routes() -> set[tuple[str, str]]:
-    app = create_app(make_settings(demo_page=True))
+    app = create_app(make_settings(demo_page=True), plugins={"demo": install})
     return {(route.method, route.resource.canonical) for route in app.router.routes()}
 
 
@@ -97,7 +98,7 @@ def test_problem_slugs_named_by_an_error_response_have_its_status():
 def test_sse_route_documents_transient_refusals_as_200_and_the_ui_route_as_503():
     paths = load_doc()["paths"]
     events = paths["/v1/streams/{stream_id}/events"]["get"]["responses"]
-    assert "503" not in events  # EventSource gives up on a 503: publisher/events.py answers 200 + retry:
+    assert "503" not in events  # EventSource gives up on a 503: publisher/api/events.py answers 200 + retry:
     assert "retry:" in events["200"]["description"]
     ui = paths["/v1/streams/{stream_id}/ui"]["get"]["responses"]
     named = set(re.findall(r"`([a-z-]+)`", ui["503"]["description"]))
@@ -105,7 +106,7 @@ def test_sse_route_documents_transient_refusals_as_200_and_the_ui_route_as_503()
 
 
 def test_demo_streams_403_names_the_slug_the_origin_check_raises():
-    # the answer itself: tests/publisher/test_demo_routes.py (type .../cross-origin)
+    # the answer itself: tests/tools/test_demo_routes.py (type .../cross-origin)
     assert "`cross-origin`" in load_doc()["paths"]["/demo/streams"]["post"]["responses"]["403"]["description"]
 
 

@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from infra.redis_client import RedisOptions, connect, live_mode
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
 from tests.conftest import client_for
@@ -29,7 +30,6 @@ from tests.publisher.helpers import (
     start,
 )
 from tests.redis_servers import redis_cluster, redis_node
-from worker.redis_client import RedisOptions, connect, live_mode
 
 REFUSED_WAIT_S = 60.0
 """The subscribe timeout in the refusal tests: far past GUARD_S, so only a refusal answers in time."""

@@ -61,7 +61,7 @@ def _assert_safe(text: str, server: RedisServer, server_words: str) -> None:
 
 
 async def test_readyz_names_each_refusal_without_the_servers_words(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="publisher.readiness")
+    caplog.set_level(logging.WARNING, logger="publisher.api.readiness")
     keys = Keys(prefix="ready-causes")
     with redis_node(extra=["--enable-debug-command", "yes"]) as master, redis_node() as replica:
         NoReplicas.attach(master, replica)
@@ -96,7 +96,7 @@ async def test_readyz_of_a_full_redis_says_it_refuses_writes() -> None:
 
 
 async def test_readyz_of_a_stopped_redis_says_unreachable_and_logs_where(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="publisher.readiness")
+    caplog.set_level(logging.WARNING, logger="publisher.api.readiness")
     keys = Keys(prefix="ready-down")
     with redis_node() as server:
         async with running_publisher(server.url, keys, make_settings()) as base, aiohttp.ClientSession() as http:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import aiohttp
 
+from infra.redis_client import RedisOptions, connect
 from schema.keys import JOBS_GROUP, Keys
 from tests.publisher.helpers import API_KEY
 from tests.redis_servers import RedisServer, free_port
 from tests.worker.support import fake_upstream, running_worker, settings_for, stored_events, wait_done, wait_for
-from worker.redis_client import RedisOptions, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "simple_text_cyrillic_usage_chunk"

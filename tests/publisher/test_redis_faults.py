@@ -149,7 +149,7 @@ async def test_readers_of_a_stream_with_lost_events_get_the_suffix_a_gap_or_a_41
 
 async def test_an_unreachable_redis_is_logged_once_not_at_every_retry(caplog: pytest.LogCaptureFixture) -> None:
     keys = Keys(f"down{os.getpid()}")
-    with caplog.at_level(logging.WARNING, logger="publisher.hub"):
+    with caplog.at_level(logging.WARNING, logger="publisher.live.hub"):
         async with running_publisher("redis://127.0.0.1:1/0", keys):
             await asyncio.sleep(hub_module.RETRY_S * 4)  # four retries at least
     failed = [r for r in caplog.records if "pub/sub connection failed" in r.getMessage()]

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from infra.redis_client import primary_clients
 from schema.keys import JOBS_GROUP, Keys, shard_of
 from tests.conftest import is_cluster_url
 from tests.publisher.conftest import Ctx, StartApp
@@ -27,9 +28,8 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from tools.upstream import ServerConfig
 from worker.intake import Intake
-from worker.redis_client import primary_clients
-from worker.upstream_server import ServerConfig
 
 pytestmark = pytest.mark.topologies
 
@@ -185,7 +185,7 @@ async def test_sixteen_shards_spread_the_job_commands_over_the_masters(ctx: Ctx,
 
 
 async def test_a_blocking_read_costs_one_command_on_the_cluster(redis_client: Any, keys: Keys, redis_url: str) -> None:
-    """The cluster client routes XREADGROUP itself: no ``COMMAND GETKEYS`` round trips (worker.redis_client)."""
+    """The cluster client routes XREADGROUP itself: no ``COMMAND GETKEYS`` round trips (infra.redis_client)."""
     if not is_cluster_url(redis_url):
         pytest.skip("a cluster-client property (and the shared single node counts other clients' reads)")
     intake = Intake(redis_client, keys, consumer="c", lease_s=30)

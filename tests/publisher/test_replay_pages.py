@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from publisher.entries import Page, entries_of, parse_entry
+from publisher.history.entries import Page, entries_of, parse_entry
+from publisher.history.store import Store
 from publisher.state import HUB
-from publisher.store import Store
 from schema.contract import encode_event
 from tests.publisher.helpers import (
     API_KEY,

@@ -21,6 +21,7 @@ import redis
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
+from infra.redis_client import LivePubSub, RedisClient, RedisOptions, connect, live_mode
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings
 from schema.contract import Event, encode_event
@@ -41,10 +42,9 @@ from tests.publisher.helpers import (
 )
 from tests.redis_servers import RedisClusterServers, RedisServer, redis_cluster, redis_node
 from tests.worker.support import stored_events, wait_for
+from tools.embedded_redis import redis_server_binary
 from worker.appender import Appender, StreamWriter
-from worker.embedded_redis import redis_server_binary
 from worker.lease import Leases
-from worker.redis_client import LivePubSub, RedisClient, RedisOptions, connect, live_mode
 from worker.settings import WorkerSettings
 
 GUARD_S = 30.0

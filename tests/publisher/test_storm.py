@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
+from publisher.api.edge import EdgeRunner
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.edge import EdgeRunner
 from publisher.state import GATE
 from tests.publisher.helpers import (
     API_KEY,

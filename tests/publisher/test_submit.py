@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from publisher.tokens import verify
+from publisher.api.tokens import verify
 from schema.job import job_decoder
 from schema.keys import JOB_FIELD
 from schema.logs import logfmt_pairs
@@ -209,7 +209,7 @@ async def test_stream_id_of_an_expired_stream_is_409(ctx):
 
 async def test_the_submission_log_line_keeps_a_model_with_spaces_one_value(ctx, caplog):
     """A model name is the caller's text: ``gpt level=ERROR`` must not add a ``level`` field to the line."""
-    with caplog.at_level(logging.INFO, logger="publisher.submit"):
+    with caplog.at_level(logging.INFO, logger="publisher.api.submit"):
         resp = await submit(ctx.http, ctx.server, {**BODY, "model": 'gpt level=ERROR logger=x "q"'})
         assert resp.status == 201
         stream_id = (await resp.json())["stream_id"]

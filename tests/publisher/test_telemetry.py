@@ -16,7 +16,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from publisher.app import RUNNER_KWARGS, create_app
-from publisher.stack import free_port
 from publisher.state import GATE, HUB
 from publisher.telemetry import providers_from_env
 from schema.job import job_decoder
@@ -34,6 +33,7 @@ from tests.publisher.helpers import (
     text_stream,
     token_for,
 )
+from tools.demo.stack import free_port
 
 
 @pytest.fixture

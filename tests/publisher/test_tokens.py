@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from publisher.api.tokens import TokenExpiredError, TokenInvalidError, issue, verify
 from publisher.app import create_app
 from publisher.settings import PublisherSettings, settings_from_env
-from publisher.tokens import TokenExpiredError, TokenInvalidError, issue, verify
 from schema.settings import SettingsError
 from tests.publisher.helpers import API_KEY, SECRET, SSEClient, StreamWriter, bearer, ids, text_stream, token_for
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 
-from publisher.store import Store
+from publisher.history.store import Store
 from schema.contract import StreamDone, StreamStart, Usage
 from schema.keys import Keys
 from tests.publisher.helpers import GUARD_S

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from publisher.ui_chunks import UNUSABLE_CALL, UIMessageTranslator
+from publisher.wire.ui_chunks import UNUSABLE_CALL, UIMessageTranslator
 from schema.contract import BlockDelta, BlockRef, BlockStart, BlockStop, Delta, ToolInfo
 from tests.publisher.conftest import Ctx
 from tests.publisher.helpers import (

@@ -31,14 +31,14 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from fanout_client import FanoutClient, StreamUnavailableError
+from infra.redis_client import RedisClient, RedisOptions, connect
 from schema.contract import Event, StreamDone, StreamError
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher
 from tests.redis_servers import RedisClusterServers, redis_cluster
 from tests.worker.support import fake_upstream, meta, running_worker, settings_for, stored_events, strip_volatile
-from worker.redis_client import RedisClient, RedisOptions, connect
-from worker.replay import replay_file
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
+from tools.replay import replay_file
+from tools.upstream import DEFAULT_ROOTS, ServerConfig
 
 CASE = "several_blocks_thinking_text_two_tools"
 GOLDEN, _ = replay_file(DEFAULT_ROOTS[0] / "anthropic" / f"{CASE}.sse")

@@ -32,7 +32,7 @@ def server_binary() -> str:
     for candidate in ("/usr/bin/redis-server", shutil.which("redis-server")):
         if candidate and Path(candidate).exists():
             return candidate
-    from worker.embedded_redis import redis_server_binary
+    from tools.embedded_redis import redis_server_binary
 
     return redis_server_binary()
 

@@ -15,16 +15,16 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from infra.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from schema.contract import Event, decode_event
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import EVENT_FIELD, JOB_FIELD, Keys, shard_of
 from tests.conftest import is_cluster_url
-from worker.redis_client import RedisClient, RedisOptions, connect, primary_clients
+from tools.upstream import STATE, ServerConfig, ServerState, make_app
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials, new_session
-from worker.upstream_server import STATE, ServerConfig, ServerState, make_app
 
 FAST: dict[str, Any] = {
     "connect_timeout_s": 2.0, "idle_timeout_s": 3.0, "progress_timeout_s": 3.0, "total_timeout_s": 20.0,
@@ -46,7 +46,7 @@ def settings_for(base_url: str, redis_url: str, keys: Keys, **overrides: Any) ->
 
 @contextlib.asynccontextmanager
 async def fake_upstream(config: ServerConfig | None = None) -> AsyncIterator[tuple[str, ServerState]]:
-    """Serve :func:`worker.upstream_server.make_app` on 127.0.0.1:0; yield (base URL, its state)."""
+    """Serve :func:`tools.upstream.make_app` on 127.0.0.1:0; yield (base URL, its state)."""
     app = make_app(config or ServerConfig(delay_ms=1))
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()

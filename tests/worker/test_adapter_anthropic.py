@@ -24,11 +24,11 @@ from schema.contract import (
 )
 from schema.reducer import ReasoningBlock, TextBlock, ToolCallBlock, reduce
 from schema.validate import validate
+from tools.replay import replay_reads
 from worker.adapters.anthropic import AnthropicAdapter
 from worker.adapters.anthropic_parts import ERROR_TYPES, STOP_REASONS
 from worker.frames import JSONFrame, SSEFrame
 from worker.normalizer import Normalizer
-from worker.replay import replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 BODIES = sorted((ROOT / "transcripts" / "anthropic").glob("*.sse")) + sorted(

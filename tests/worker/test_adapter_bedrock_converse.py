@@ -15,11 +15,11 @@ from schema.contract import Event, StreamDone, StreamError, Usage
 from schema.reducer import ReasoningBlock, TextBlock, ToolCallBlock, reduce
 from schema.validate import validate
 from tests.eventstream_build import message_of
+from tools.replay import replay_reads
 from worker.adapters.bedrock_converse import BedrockConverseAdapter
 from worker.adapters.bedrock_converse_parts import STOP_REASONS, usage_of
 from worker.frames import JSONFrame, SSEFrame
 from worker.normalizer import Normalizer
-from worker.replay import replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "transcripts" / "bedrock_converse").glob("*.frames.jsonl"))

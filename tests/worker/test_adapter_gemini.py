@@ -24,13 +24,13 @@ from schema.contract import (
 from schema.errors import UpstreamProtocolError
 from schema.reducer import ReasoningBlock, TextBlock, ToolCallBlock, reduce
 from schema.validate import validate
+from tools.replay import replay_reads
 from worker.adapters.gemini import GeminiAdapter
 from worker.adapters.gemini_parts import FINISH, StreamedArgs, parse_path
 from worker.frames import Frame, JSONFrame, SSEFrame
 from worker.jsonarray import JSONArrayDecoder
 from worker.normalizer import Normalizer
 from worker.pipeline import build_pipeline
-from worker.replay import replay_reads
 from worker.sse import SSEDecoder
 
 ROOT = Path(__file__).resolve().parents[2]

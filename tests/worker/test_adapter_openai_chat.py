@@ -24,12 +24,12 @@ from schema.contract import (
 )
 from schema.reducer import ReasoningBlock, TextBlock, ToolCallBlock, reduce
 from schema.validate import validate
+from tools.replay import replay_reads
 from worker.adapters.openai_chat import OpenAIChatAdapter
 from worker.adapters.openai_chat_parts import map_usage, read_error, reasoning_text
 from worker.frames import JSONFrame, SSEFrame
 from worker.normalizer import Normalizer
 from worker.pipeline import build_pipeline
-from worker.replay import replay_reads
 from worker.sse import SSEDecoder
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
 from schema.reducer import reduce
 from schema.validate import validate
+from tools.replay import replay_reads
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 from worker.frames import JSONFrame, SSEFrame
 from worker.normalizer import Normalizer
-from worker.replay import replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = sorted((ROOT / "transcripts" / "openai_responses").glob("*.sse")) + sorted(

@@ -10,7 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from publisher.live import Notification, encode_notification, parse_notification
+from infra.redis_client import RedisClient, live_mode
+from publisher.live.notification import Notification, encode_notification, parse_notification
 from schema.contract import (
     BlockDelta,
     BlockRef,
@@ -39,7 +40,6 @@ from worker.appender import (
     summary_fields,
 )
 from worker.lease import Leases
-from worker.redis_client import RedisClient, live_mode
 
 pytestmark = pytest.mark.topologies
 
@@ -288,7 +288,7 @@ async def test_lost_summary_never_loses_an_event(redis_client: aioredis.Redis, k
 async def test_terminal_past_lost_events_is_stored_on_redis_6_2(keys: Keys) -> None:
     """Redis 6.2 cannot parse script flags: the terminal script runs without them, ``jump`` and all."""
     from tests.redis_servers import redis_node
-    from worker.embedded_redis import redis_server_binary
+    from tools.embedded_redis import redis_server_binary
 
     with redis_node(binary=redis_server_binary()) as server:
         redis = client_for(server.url)

@@ -11,11 +11,11 @@ from schema.contract import StreamDone, StreamError
 from schema.errors import UpstreamProtocolError
 from schema.validate import validate
 from tests.eventstream_build import encode_message, main, message_of
+from tools.replay import replay_file, replay_reads
 from worker.bedrock_frames import EXCEPTIONS, BedrockBody, failure_of, frame_of
 from worker.eventstream import EventStreamDecoder, EventStreamMessage
 from worker.frames import ErrorFrame, JSONFrame, SSEFrame
 from worker.pipeline import build_pipeline
-from worker.replay import replay_file, replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 BODIES = sorted((ROOT / "transcripts").glob("bedrock_*/*.eventstream"))

@@ -23,8 +23,8 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from tools.upstream import ServerConfig
 from worker.attempt import RetryAttempt
-from worker.upstream_server import ServerConfig
 
 pytestmark = pytest.mark.topologies
 

@@ -46,10 +46,10 @@ from tests.worker.support import (
     submit,
     wait_done,
 )
+from tools.upstream import ServerConfig
 from worker.appender import Appender
 from worker.intake import Intake
 from worker.lease import Leases
-from worker.upstream_server import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("worker", "publisher")
@@ -177,7 +177,7 @@ def sha(script: str) -> str:
 def test_scripts_are_found() -> None:
     names = set(discover_scripts())
     assert {"worker.append_script.APPEND_LUA", "worker.lease.CLAIM_LUA", "worker.lease.TOUCH_LUA",
-            "worker.lease.ACK_LUA", "publisher.submit.CREATE_META"} <= names
+            "worker.lease.ACK_LUA", "publisher.api.submit.CREATE_META"} <= names
 
 
 def test_every_script_call_site_names_a_found_script() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from publisher.live import parse_notification
+from publisher.live.notification import parse_notification
 from schema.contract import (
     EPOCH_PATTERN,
     BlockRef,

@@ -36,9 +36,9 @@ from hypothesis import strategies as st
 
 from schema.contract import BlockStop, Event, StreamDone, StreamError, decode_event, encode_event
 from schema.validate import validate
+from tools.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads
 from worker.adapters.base import Framing
 from worker.pipeline import build_pipeline
-from worker.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads
 from worker.settings import load_worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -419,7 +419,7 @@ def _frame_script(script: tuple[list[Any], list[tuple[int, bytes]]]) -> bytes:
 
 
 READ_SIZES = st.lists(st.integers(1, 48), min_size=1, max_size=12)
-"""Read sizes, cycled by :func:`worker.replay.split_reads`."""
+"""Read sizes, cycled by :func:`tools.replay.split_reads`."""
 
 
 @st.composite

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from infra.redis_client import RedisClient
 from schema.keys import JOBS_GROUP, Keys
 from tests.worker.support import (
     fake_upstream,
@@ -26,8 +27,7 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
-from worker.redis_client import RedisClient
-from worker.upstream_server import ServerConfig
+from tools.upstream import ServerConfig
 
 MODEL = "slow-simple_text_cyrillic_usage_chunk"
 

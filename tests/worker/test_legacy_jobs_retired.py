@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from publisher.submit import JobShards
+from infra.groups import ensure_group
+from infra.redis_client import RedisClient
+from publisher.api.submit import JobShards
 from schema.keys import JOBS_GROUP, Keys
 from tests.worker.support import fake_upstream, make_job, running_worker, settings_for, submit, wait_done, wait_for
-from worker.intake import ensure_group
-from worker.redis_client import RedisClient
 
 MODEL = "simple_text_cyrillic_usage_chunk"
 

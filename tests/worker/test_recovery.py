@@ -32,11 +32,11 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from tools.replay import replay_file
+from tools.upstream import DEFAULT_ROOTS, ServerConfig
 from worker.appender import Appender
 from worker.intake import Intake
 from worker.lease import Leases
-from worker.replay import replay_file
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
 
 pytestmark = pytest.mark.topologies
 

@@ -33,11 +33,11 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from tools.replay import replay_file
+from tools.upstream import DEFAULT_ROOTS, ServerConfig
 from worker.appender import Appender
 from worker.intake import Intake
 from worker.lease import Leases
-from worker.replay import replay_file
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
 
 CASE = "several_blocks_thinking_text_two_tools"
 GOLDEN, _ = replay_file(DEFAULT_ROOTS[0] / "anthropic" / f"{CASE}.sse")

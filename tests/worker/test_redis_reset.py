@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
+from infra.redis_client import RedisOptions, _ResetSafe, connect, primary_clients
 from tests.worker.redis_proc import private_redis
-from worker.redis_client import RedisOptions, _ResetSafe, connect, primary_clients
 
 uvloop = pytest.importorskip("uvloop")
 

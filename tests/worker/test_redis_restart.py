@@ -18,14 +18,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from infra.groups import ensure_group
+from infra.redis_client import RedisClient, RedisOptions, connect
 from publisher.app import RUNNER_KWARGS, create_app
 from schema.keys import JOBS_GROUP, Keys
 from tests.conftest import client_for, is_cluster_url
 from tests.publisher.helpers import make_settings, token_for
 from tests.redis_servers import redis_cluster, redis_node
 from tests.worker.support import GUARD_S, fake_upstream, make_job, running_worker, settings_for, submit, wait_done
-from worker.intake import Intake, ensure_group
-from worker.redis_client import RedisClient, RedisOptions, connect
+from worker.intake import Intake
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "simple_text_cyrillic_usage_chunk"

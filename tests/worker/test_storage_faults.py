@@ -1,4 +1,4 @@
-"""Classifying Redis failures (:mod:`worker.redis_faults`): redis-py's classes mapped back to codes, then the table."""
+"""Classifying Redis failures (:mod:`infra.redis_faults`): redis-py's classes mapped back to codes, then the table."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import redis.exceptions as rex
 from redis._parsers.base import BaseParser
 
+from infra.redis_faults import classify, readiness_cause
+from infra.storage import error_code, fault_kind, storage_reason
 from tests.conftest import client_for
 from tests.redis_servers import redis_node
-from worker.embedded_redis import redis_server_binary
-from worker.redis_faults import classify, readiness_cause
-from worker.storage import error_code, fault_kind, storage_reason
+from tools.embedded_redis import redis_server_binary
 
 WRAPPED = "Error running script (call to f_ed1ad7c602f6004de28957ef3f877f27e1fa07b3): @user_script:12: "
 

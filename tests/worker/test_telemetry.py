@@ -26,6 +26,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from infra.groups import ensure_group
+from infra.otel_setup import exporter_names, redis_error_kind
 from schema.job import job_decoder, job_encoder
 from schema.keys import Keys
 from tests.worker.support import (
@@ -39,9 +41,8 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
-from worker.intake import Intake, ensure_group
+from worker.intake import Intake
 from worker.job_groups import read_job_groups, watch_job_groups
-from worker.otel_setup import exporter_names, redis_error_kind
 from worker.telemetry import METRICS, Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,9 +22,9 @@ from tests.worker.support import (
     submit,
     wait_done,
 )
+from tools.upstream import ServerConfig
 from worker.control import Deadline, Stopped, Stopper
 from worker.upstream import UpstreamTimeoutError
-from worker.upstream_server import ServerConfig
 
 SLOW_ANTHROPIC = "slow-simple_text_ping_and_padding"
 

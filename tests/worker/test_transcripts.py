@@ -14,7 +14,7 @@ from schema.contract import encode_event
 from schema.reducer import reduce
 from schema.validate import validate
 from tests.compact import compact, expected_view
-from worker.replay import replay_file, replay_reads
+from tools.replay import replay_file, replay_reads
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSCRIPTS = sorted([*(ROOT / "transcripts").glob("*/*.sse"), *(ROOT / "transcripts").glob("*/*.eventstream")])

@@ -24,7 +24,8 @@ from tests.worker.support import (
     submit,
     wait_done,
 )
-from worker.replay import replay_file
+from tools.replay import replay_file
+from tools.upstream import DEFAULT_ROOTS, ServerConfig, fingerprint
 from worker.settings import WorkerSettings
 from worker.upstream import (
     Credentials,
@@ -36,7 +37,6 @@ from worker.upstream import (
     read_chunk,
 )
 from worker.upstream_errors import http_error, parse_retry_after
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig, fingerprint
 
 KEYS = Credentials(openai="sk-live-abcdefgh12345678", anthropic="sk-ant-secret-0001",
                    gemini="AIzaSySecretSecretSecret00")

@@ -27,10 +27,10 @@ from tests.worker.support import (
     wait_done,
     wait_for,
 )
+from tools.replay import TRANSCRIPT_DIRS, replay_file
+from tools.upstream import DEFAULT_ROOTS, ServerConfig
 from worker import main as worker_main
-from worker.replay import TRANSCRIPT_DIRS, replay_file
 from worker.settings import load_worker_settings
-from worker.upstream_server import DEFAULT_ROOTS, ServerConfig
 
 pytestmark = pytest.mark.topologies
 

@@ -1,0 +1,152 @@
+"""``GET /v1/streams/{stream_id}`` (status and assembled result) and ``POST .../cancel``.
+
+The result is the reducer's (schema.reducer) over the stored events the reader may see:
+a ``public`` reader's result has no internal reasoning block. Cancel follows the
+protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
+on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
+
+Follows the Redis pages of SET and PUBLISH, and RFC 9457 for errors (health routes: :mod:`publisher.api.readiness`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from publisher.api.auth import authorize_read, require_api_key
+from publisher.api.limits import path_stream_id
+from publisher.api.problems import FieldError, ProblemError
+from publisher.history.store import HistoryChangedError
+from publisher.history.visibility import Scope
+from publisher.state import KEYS, REDIS, SETTINGS, STORE
+from schema.contract import EPOCH_PATTERN, BlockDelta, BlockStart, BlockStop, Event, decode_event
+from schema.reducer import Assembler, result_to_builtins
+
+log = logging.getLogger(__name__)
+
+_EPOCH: Final = re.compile(EPOCH_PATTERN)
+
+def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
+    if scope == "internal":
+        return True
+    if isinstance(event, BlockStart) and event.block.kind == "reasoning" and event.visibility == "internal":
+        internal.add(event.block.index)
+    if isinstance(event, BlockStart | BlockDelta | BlockStop):
+        return event.block.index not in internal
+    return True
+
+
+async def _assemble(request: web.Request, stream_id: str, scope: Scope,
+                    epoch: str) -> tuple[dict[str, Any], bool, int]:
+    """Return the result of the visible stored events, whether they ran 1, 2, ... unbroken, the last seq (0: none).
+
+    Raises:
+        HistoryChangedError: The stream holds another generation than ``epoch`` now.
+    """
+    assembler, internal, last_seq = Assembler(stream_id), set[int](), 0
+    whole = True
+    async for seq, data in request.app[STORE].read_json(stream_id, epoch):
+        whole = whole and seq == last_seq + 1
+        last_seq = seq
+        try:
+            event = decode_event(data)
+        except (msgspec.DecodeError, RecursionError):  # not an event, or nested past the decoder's limit
+            continue
+        if event is not None and _visible(event, scope, internal):
+            assembler.apply(event)
+    return result_to_builtins(assembler.result()), whole, last_seq
+
+
+async def stream_status(request: web.Request) -> web.Response:
+    """Return the stream's state, status, last seq and assembled result so far.
+
+    ``state`` is the meta's (``queued``, ``running``, ``done``) or ``expired`` when only
+    the tombstone remains (``result`` is then null). ``history_complete`` is false when
+    the stored events do not run from seq 1 to the stored top without a hole (they no
+    longer start at seq 1, a failover lost some, the events key is gone under its meta):
+    the result is then partial. ``epoch`` is the stream's generation (contract 1.1; null
+    before its ``stream.start`` or on a stream older than 1.1); a caller that names the
+    generation it holds (``?epoch=``, the part after the ``.`` of its last SSE ``id``) and
+    finds another one gets ``history_complete: false`` too: its history is not this one.
+    Meta is read
+    before the events, so a stream whose terminal event was stored between the two reads
+    as ``done`` with the result's status and the last seq read.
+
+    Raises:
+        ProblemError: 401/403 (credentials), 404 (unknown stream).
+    """
+    stream_id = path_stream_id(request)
+    scope = authorize_read(request, stream_id)
+    held = _held_epoch(request)
+    info = await request.app[STORE].info(stream_id)
+    if not info.known:
+        if not info.tomb:
+            raise ProblemError("not-found", f"no stream {stream_id}")
+        return web.json_response({
+            "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
+            "last_seq": info.tomb_last_seq, "epoch": info.epoch or None, "history_complete": False, "result": None,
+        })
+    try:
+        result, whole, read_seq = await _assemble(request, stream_id, scope, info.epoch)
+    except HistoryChangedError:  # written again while read: read the new generation once more
+        info = await request.app[STORE].info(stream_id)
+        result, whole, read_seq = await _assemble(request, stream_id, scope, info.epoch)
+    meta = info.meta
+    created_ms = meta.get("created_ms")
+    # The events are read after meta: a terminal event stored in between is in the result but not in
+    # what meta said, so the stream reads as ended then too (never "running" beside a finished result).
+    ended = info.terminal or result["status"] != "running"
+    return web.json_response({
+        "stream_id": stream_id,
+        "state": "done" if ended else meta.get("state") or "running",
+        "status": meta.get("status") or (result["status"] if ended else None),
+        "last_seq": max(info.last_seq, read_seq),
+        "provider": meta.get("provider"),
+        "model": meta.get("model"),
+        "created_ms": int(created_ms) if created_ms else None,
+        "epoch": info.epoch or None,
+        # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all),
+        # of the generation the caller holds when it names one
+        "history_complete": whole and read_seq >= info.last_seq and held in (None, info.epoch),
+        "result": result,
+    })
+
+
+def _held_epoch(request: web.Request) -> str | None:
+    """Return the ``epoch`` query parameter (the generation the caller holds), or ``None``.
+
+    Raises:
+        ProblemError: ``invalid-field`` (400) for a value that is not an epoch, or one given twice.
+    """
+    values = request.query.getall("epoch", ())
+    if not values:
+        return None
+    if len(values) > 1 or _EPOCH.fullmatch(values[0]) is None:
+        raise ProblemError("invalid-field", "epoch must be given once, as the part after the '.' of an SSE id",
+                           errors=[FieldError(field="epoch", detail="lowercase letters and digits, 1 to 32")])
+    return values[0]
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """Ask the owning worker to stop; ``202`` however often it is asked before the end.
+
+    Raises:
+        ProblemError: 401 (API key), 404 (unknown stream), 409 ``already-terminal``.
+    """
+    require_api_key(request)
+    stream_id = path_stream_id(request)
+    info = await request.app[STORE].info(stream_id)
+    if not info.known and not info.tomb:
+        raise ProblemError("not-found", f"no stream {stream_id}")
+    if info.terminal or not info.known:
+        status = info.meta.get("status") or info.tomb.get("status")
+        raise ProblemError("already-terminal", "the stream already ended", extensions={"stream_status": status})
+    keys, redis = request.app[KEYS], request.app[REDIS]
+    # Two plain commands: the cluster pipeline refuses PUBLISH, and the two keys live in two slots.
+    await redis.set(keys.cancel(stream_id), "1", ex=request.app[SETTINGS].cancel_ttl_s)
+    await redis.publish(keys.cancels, stream_id)
+    return web.json_response({"stream_id": stream_id, "state": "cancelling"}, status=202)

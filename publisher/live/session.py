@@ -1,0 +1,327 @@
+"""One open SSE response: replay history after the exact position, then the live tail.
+
+The cursor is always a concrete seq: the client's position at the start, afterwards the
+last seq handled. History is read with ``XRANGE (0-<cursor> +`` page by page; every
+entry must be ``cursor + 1`` (a jump is a gap: one ``stream.gap`` frame without an
+``id:`` line, then the response ends, so the client's ``Last-Event-ID`` stays on a real
+seq and its reconnect gets the 410). A short page that ends below the stored top
+known at the request's start (meta ``last_seq``; appends move meta and entries together)
+is a gap too: those entries were trimmed or expired. Otherwise, when a short page shows
+the top was reached, the reader goes live (:meth:`publisher.live.hub.Hub.go_live`), and
+entries then come through its bounded queue. While a full page is written the next one
+is read (:class:`publisher.live.read_ahead.ReadAhead`), held only while that write completes
+within ``FANOUT_READ_AHEAD_HOLD_MS``; past it that page is let go and read again after
+the write, so a client that stopped reading holds one page, not two. The response ends
+after the terminal event, at an idle heartbeat that finds the stream ended without one
+(storage refused it), on a gap, on queue overflow, at shutdown, and when the client takes no
+:data:`WRITE_SLICE_BYTES` within ``write_timeout_s`` (it stopped reading: its connection
+is dropped, as on overflow).
+
+Once live, the session gives its reader a sink (:meth:`Session.deliver`): an entry the
+client may see is written to the socket right in the hub's dispatch, framed for the
+response's transfer coding, when nothing else is being written and the socket's write
+buffer holds at most :data:`DIRECT_BUFFER_BYTES`; otherwise it is queued and this task
+writes it, with the write timeout.
+
+Follows WHATWG HTML "9.2 Server-sent events" for the wire format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from publisher.history.entries import Entry, Page
+from publisher.history.store import Store
+from publisher.history.visibility import Projection
+from publisher.live.hub import Hub
+from publisher.live.read_ahead import ReadAhead
+from publisher.live.reader import Reader, Shared
+from publisher.telemetry import Telemetry
+from publisher.wire.sse import GAP_EVENT, PING, error_frame, gap_data
+from schema.contract import TERMINAL_TYPES
+
+log = logging.getLogger(__name__)
+
+WRITE_SLICE_BYTES: Final = 64 * 1024
+"""Bytes written per step of a large write; the client must take each within ``write_timeout_s``."""
+DIRECT_BUFFER_BYTES: Final = 64 * 1024
+"""Most bytes a socket's write buffer may hold for the hub to write to it directly; past
+it entries are queued and written by the response's task, which waits for the client."""
+
+
+class Session:
+    """Writes one stream to one prepared SSE response.
+
+    Args:
+        response: The prepared ``text/event-stream`` response.
+        reader: The reader, already joined to the hub, cursor at the client's position.
+        projection: What this reader may see.
+        store: Stored-entry reads.
+        hub: The fan-out hub.
+        telemetry: Instruments.
+        heartbeat_s: Idle time before a ``: ping`` comment, seconds.
+        known_top: The stored top seq read before the first page (``StreamInfo.last_seq``).
+        write_timeout_s: Longest wait for the client to take one slice of a write, seconds.
+        read_ahead_hold_s: Longest a history page's write may take while the next page,
+            read ahead, is held; past it that page is let go and read after the write,
+            seconds (0: no read-ahead).
+        on_stall: Drops the connection of a client that stopped reading.
+        transport: The response's socket, for direct writes (``None``: never direct).
+        chunked: The response uses chunked transfer coding (HTTP/1.1), so direct writes
+            are framed as chunks.
+    """
+
+    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection",
+                 "read_ahead_hold_s", "reader", "response", "store", "telemetry", "transport", "write_timeout_s",
+                 "writing")
+
+    def __init__(
+        self,
+        *,
+        response: web.StreamResponse,
+        reader: Reader,
+        projection: Projection,
+        store: Store,
+        hub: Hub,
+        telemetry: Telemetry,
+        heartbeat_s: float,
+        known_top: int,
+        write_timeout_s: float,
+        read_ahead_hold_s: float,
+        on_stall: Callable[[], None],
+        transport: asyncio.Transport | None = None,
+        chunked: bool = False,
+    ) -> None:
+        self.response = response
+        self.reader = reader
+        self.projection = projection
+        self.store = store
+        self.hub = hub
+        self.telemetry = telemetry
+        self.heartbeat_s = heartbeat_s
+        self.known_top = known_top
+        self.write_timeout_s = write_timeout_s
+        self.read_ahead_hold_s = read_ahead_hold_s
+        self.on_stall = on_stall
+        self.last_write = time.monotonic()
+        self.transport = transport
+        self.chunked = chunked
+        self.writing = False
+
+    async def run(self, first: list[Page], asked: int) -> None:
+        """Serve the stream from the first page on.
+
+        Once live, this one frame sends queued entries (heartbeats come from the hub's
+        shared timer, :meth:`beat`); while idle it waits on the reader's future
+        (:meth:`Reader.waiter`): no timer and no further frame of its own.
+
+        Args:
+            first: ``[page]``: the first history page, taken out of the list (so no
+                frame keeps it); checked to start at cursor + 1.
+            asked: The ``COUNT`` that page was read with: a shorter page reached the top.
+        """
+        if await self._replay(first.pop(), asked):
+            return
+        reader = self.reader
+        reader.sink, reader.beat = self.deliver, self.beat
+        try:
+            while True:
+                wake = reader.waiter()
+                if wake is not None:
+                    await wake
+                entries = reader.take_queued()
+                if entries:
+                    if await self._send(entries, "live"):
+                        return
+                elif reader.closed == "gap":
+                    after, found = reader.gap or (reader.cursor, None)
+                    await self._gap(after, found, reset=reader.reset)
+                    return
+                elif reader.closed is not None:
+                    return
+                elif time.monotonic() - self.last_write >= self.heartbeat_s:  # poked: the socket was busy
+                    await self._write(PING)
+        finally:
+            reader.sink = reader.beat = None
+
+    async def _replay(self, page: Page, asked: int) -> bool:
+        """Send history until the reader is live; return True when the response must end.
+
+        While one full page is written, the next is already being read (one read ahead,
+        let go when the write outlasts ``read_ahead_hold_s``, then read after it);
+        every page after the first is ``store.page`` entries.
+        """
+        stale = False
+        ahead = ReadAhead(self.store, self.telemetry, self.read_ahead_hold_s)
+        try:
+            while True:
+                entries, gap_seq = self._continuing(page)
+                full = len(page) >= asked
+                asked = self.store.page
+                if gap_seq is None and full:
+                    ahead.start(self.reader.stream_id, self.reader.cursor, asked, self.hub.share_key(self.reader))
+                try:
+                    if await self._send(entries, "replay"):
+                        return True
+                finally:
+                    ahead.written()
+                if gap_seq is not None:
+                    await self._gap(self.reader.cursor, gap_seq)
+                    return True
+                if self.reader.closed is not None:
+                    return True
+                if not full:
+                    if self.reader.cursor < self.known_top:  # stored before this request, gone now
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    if self.hub.go_live(self.reader):
+                        return False
+                    if stale and not page:  # live readers got entries that a later read cannot find
+                        await self._gap(self.reader.cursor, None)
+                        return True
+                    stale = not page
+                # after a refused go_live, read afresh: a shared read could predate what live readers got
+                share = self.hub.share_key(self.reader) if full else None
+                page = await (ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                                    share=share))
+                if not self.reader.adopt(page, page.epoch):  # the stream was written again meanwhile
+                    await self._gap(self.reader.cursor, None, reset=True)
+                    return True
+        finally:
+            ahead.let_go()  # the response ends: a read-ahead still held is not awaited
+
+    def _continuing(self, page: list[Entry]) -> tuple[list[Entry], int | None]:
+        """Split off the entries that continue the cursor exactly (advancing it) from a gap's seq.
+
+        Seqs of a page strictly increase, so one that starts at ``cursor + 1`` and spans
+        exactly its length is whole without a look at each entry.
+        """
+        if page and page[0].seq == self.reader.cursor + 1 and page[-1].seq - page[0].seq + 1 == len(page):
+            self.reader.cursor = page[-1].seq
+            return page, None
+        for position, entry in enumerate(page):
+            if entry.seq != self.reader.cursor + 1:
+                return page[:position], entry.seq
+            self.reader.cursor = entry.seq
+        return page, None
+
+    def beat(self, now_s: float) -> None:
+        """Send ``: ping`` when nothing was written for ``heartbeat_s``: directly, or by waking this task.
+
+        Args:
+            now_s: ``time.monotonic()`` of the hub's timer tick.
+        """
+        if now_s - self.last_write < self.heartbeat_s:
+            return
+        if self._writable():
+            self._write_now(PING)
+        else:
+            self.reader.poke()  # the task writes it, with the write timeout (a stalled client is dropped)
+
+    def _writable(self) -> bool:
+        transport = self.transport
+        return not (self.writing or transport is None or transport.is_closing()
+                    or transport.get_write_buffer_size() > DIRECT_BUFFER_BYTES)
+
+    def _write_now(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+        self.last_write = time.monotonic()
+
+    def deliver(self, entries: list[Entry], shared: Shared | None = None) -> bool:
+        """Write consecutive live entries to the socket now, in one write, if that cannot block (the sink).
+
+        Args:
+            entries: The entries, continuing this reader's cursor.
+            shared: The same entries encoded once for every reader of the topic; when
+                none of them is part of a reasoning block (so every projection sees them
+                all), its bytes are written as they are.
+
+        Returns:
+            True when the entries are handled (written, or hidden by the projection);
+            False when they must be queued: a write is in progress, the socket buffer is
+            over :data:`DIRECT_BUFFER_BYTES`, or the projection needs a history read first.
+        """
+        if not self._writable():
+            return False
+        if shared is not None and shared.plain:
+            if shared.sent:
+                assert self.transport is not None
+                self.transport.write(shared.chunk if self.chunked else shared.frames)
+                self.last_write = time.monotonic()
+                self.telemetry.record_write(shared.sent, "live", sample=not shared.sampled)
+                shared.sampled = True
+            return True
+        if any(self.projection.needs_history(entry) for entry in entries):
+            return False
+        sent = [entry for entry in entries if entry.frame and self.projection.visible(entry)]
+        if sent:
+            self._write_now(sent[0].frame if len(sent) == 1 else b"".join([entry.frame for entry in sent]))
+            self.telemetry.record_write(sent, "live")
+        return True
+
+    async def _send(self, entries: list[Entry], phase: str) -> bool:
+        """Write the entries this reader may see in one write; return True when one ends the stream."""
+        sent: list[Entry] = []
+        if self.projection.public:
+            for entry in entries:
+                if self.projection.needs_history(entry):
+                    assert entry.block_index is not None
+                    found = await self.store.find_block_start(self.reader.stream_id, entry.seq, entry.block_index)
+                    self.projection.learn_start(entry.block_index, found)
+                if entry.frame and self.projection.visible(entry):
+                    sent.append(entry)
+                if entry.terminal:
+                    break
+        elif entries and isinstance(entries, Page) and (frames := entries.frames()) is not None:
+            await self._write(frames)  # a whole page, as other readers of it send it: one shared bytes object
+            self.telemetry.record_write(entries, phase)
+            return entries[-1].terminal
+        else:  # the internal projection sees every entry: only invalid ones and what follows a terminal are left out
+            end = next((index for index, entry in enumerate(entries) if entry.type in TERMINAL_TYPES), None)
+            sent = [entry for entry in (entries if end is None else entries[:end + 1]) if entry.frame]
+        if sent:
+            await self._write(b"".join([entry.frame for entry in sent]))
+            self.telemetry.record_write(sent, phase)
+        return bool(sent) and sent[-1].terminal
+
+    async def _gap(self, after_seq: int, found_seq: int | None, *, reset: bool = False) -> None:
+        """Send the documented ``stream.gap`` error frame (no ``id:``); the response then ends.
+
+        ``reset``: the stream now holds another generation (contract 1.1): the frame says so
+        (``reason: history-reset``), and the reconnect gets the ``410 history-reset``.
+        """
+        log.warning("stream %s: history gap after seq %s (next: %s, reset: %s)", self.reader.stream_id, after_seq,
+                    found_seq, reset)
+        data = msgspec.json.encode(gap_data(self.reader.stream_id, after_seq, found_seq, reset=reset))
+        self.telemetry.gaps.add(1)
+        await self._write(error_frame(GAP_EVENT, data))
+
+    async def _write(self, frame: bytes) -> None:
+        """Write ``frame`` slice by slice; drop the connection when a slice waits too long.
+
+        Raises:
+            ConnectionResetError: The client took no slice within ``write_timeout_s``.
+        """
+        view = memoryview(frame)
+        self.writing = True
+        try:
+            for start in range(0, len(view), WRITE_SLICE_BYTES):
+                try:
+                    async with asyncio.timeout(self.write_timeout_s):
+                        await self.response.write(view[start:start + WRITE_SLICE_BYTES])
+                except TimeoutError:
+                    log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
+                    self.on_stall()
+                    raise ConnectionResetError("the client stopped reading") from None
+        finally:
+            self.writing = False
+        self.last_write = time.monotonic()
+

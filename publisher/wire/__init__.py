@@ -1,0 +1,6 @@
+"""Wire formats of a stream: the contract over SSE, and the AI SDK's UI message stream. Pure.
+
+Bytes and chunk objects only: no I/O, no Redis, no aiohttp. Must not import
+:mod:`publisher.api`, :mod:`publisher.live`, :mod:`publisher.history`, :mod:`infra`,
+:mod:`worker` or :mod:`tools`.
+"""
