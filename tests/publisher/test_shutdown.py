@@ -205,6 +205,7 @@ async def test_dev_mode_starts_without_a_secret_and_warns(spawn, redis_url, keys
     lines = []
     async with asyncio.timeout(GUARD_S):
         while "listening on" not in (line := (await proc.stderr.readline()).decode()):
+            assert line, f"the publisher exited before listening: {lines}"  # EOF: readline never waits again
             lines.append(line)
     assert any("WARNING" in line and "random per-process secret" in line for line in lines)
     proc.send_signal(signal.SIGTERM)
