@@ -40,7 +40,7 @@ from tools.demo.view import CaseRun, ProgressView, summary_table
 from tools.embedded_redis import redis_url
 from tools.replay import replay_file
 
-ROOT: Final = Path(__file__).resolve().parents[1]
+ROOT: Final = Path(__file__).resolve().parents[2]
 TRANSCRIPTS: Final = ROOT / "transcripts"
 
 DEMO_CASES: Final[tuple[tuple[Provider, str, str], ...]] = (

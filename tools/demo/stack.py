@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Final
 
-ROOT: Final = Path(__file__).resolve().parents[1]
+ROOT: Final = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S: Final = 30.0
 """How long a process may take to listen on its port."""
 STOP_TIMEOUT_S: Final = 15.0
