@@ -25,7 +25,8 @@ from typing import Any, Final
 from aiohttp import web
 from opentelemetry import metrics, trace
 
-from infra.redis_client import RedisClient, RedisOptions, connect, live_mode, node_client
+from infra.live_pubsub import live_mode
+from infra.redis_client import RedisClient, RedisOptions, connect, node_client
 from publisher.api.accesslog import MaskedAccessLogger
 from publisher.api.edge import install_log_filter
 from publisher.api.limits import ConnectionGate

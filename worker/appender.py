@@ -21,7 +21,7 @@ The script itself, with its arguments: :mod:`worker.append_script`. The epoch of
 generation is chosen by the writer of its ``stream.start`` (:func:`new_epoch`) and carried
 on that event; a later owner continues with the epoch its claim read from meta.
 
-Which pub/sub: :func:`infra.redis_client.live_mode`, decided once per process (the
+Which pub/sub: :func:`infra.live_pubsub.live_mode`, decided once per process (the
 worker asks at startup, :meth:`Appender.live`) and passed to every call; publishers
 decide the same way and subscribe accordingly. A classic ``PUBLISH`` on a cluster is
 broadcast to every node over the cluster bus; ``SPUBLISH`` stays on the shard owning the
@@ -70,7 +70,8 @@ from typing import Any, Final
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from infra.redis_client import LiveMode, LivePubSub, RedisClient, live_mode
+from infra.live_pubsub import LiveMode, LivePubSub, live_mode
+from infra.redis_client import RedisClient
 from infra.redis_faults import redis_error_fields
 from infra.storage import RetryPolicy, wait_replicated, with_retry
 from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
@@ -137,7 +138,7 @@ class Appender:
         live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
             ride on the live notification; a larger batch publishes only its last seq.
         live_pubsub: ``FANOUT_LIVE_PUBSUB``, resolved by :meth:`live` on first use
-            (:func:`infra.redis_client.live_mode`).
+            (:func:`infra.live_pubsub.live_mode`).
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class Appender:
         """The resolved live mode once :meth:`live` ran."""
 
     async def live(self) -> LiveMode:
-        """Return the live mode, deciding it on the first call (:func:`infra.redis_client.live_mode`).
+        """Return the live mode, deciding it on the first call (:func:`infra.live_pubsub.live_mode`).
 
         The worker calls it at startup, so a deployment that cannot do what
         ``FANOUT_LIVE_PUBSUB`` asks fails then; every append reuses the answer.

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
 
-    from infra.redis_client import LiveMode
+    from infra.live_pubsub import LiveMode
 
 log = logging.getLogger(__name__)
 
