@@ -6,7 +6,7 @@ blocking pool of ``FANOUT_REDIS_MAX_CONNECTIONS``, so a burst of readers waits f
 connection instead of failing; with ``FANOUT_REDIS_CLUSTER=1`` a cluster client, that
 many connections per node), the hub (classic pub/sub on a plain connection to one node,
 or, on a Redis 7 cluster, sharded pub/sub at each slot's owner:
-:func:`infra.redis_client.live_mode`) and
+:func:`infra.live_pubsub.live_mode`) and
 the jobs streams' groups (created at start, the shard count recorded in
 ``P:jobshards``) live in ``cleanup_ctx``; state is reached
 through the typed keys of :mod:`publisher.state`. Run the app with
