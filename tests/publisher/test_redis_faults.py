@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from publisher import hub as hub_module
+from publisher.live import hub as hub_module
 from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart, encode_event
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher

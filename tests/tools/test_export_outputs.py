@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from tests.worker.test_export import _export_cmd, finish_stream, lines, run_export
 
 from schema.keys import Keys
+from tests.tools.test_export import _export_cmd, finish_stream, lines, run_export
 from tools.export_cli import output_failure
 
 
