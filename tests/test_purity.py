@@ -17,6 +17,7 @@ PURE = [
     ROOT / "worker" / "sse_lines.py",
     ROOT / "worker" / "jsonarray.py",
     ROOT / "worker" / "eventstream.py",
+    ROOT / "worker" / "eventstream_headers.py",
     ROOT / "worker" / "bedrock_frames.py",
     ROOT / "worker" / "jsonscan.py",
     ROOT / "worker" / "normalizer.py",
