@@ -11,46 +11,42 @@ redis-py (8.1) gives each mode and what fanout relies on:
 * pipelines: only ``pipeline(transaction=False)``; the cluster pipeline splits commands
   by node and REFUSES some commands, among them ``PUBLISH``, ``EVALSHA``, ``MGET``: send
   those as plain commands;
-* live notifications: :func:`live_mode` decides, once at startup and the same way in worker
-  and publisher, between classic pub/sub (``PUBLISH``/``SUBSCRIBE``: on a single node, and
-  on a Redis 6.2 cluster, where it reaches every node over the cluster bus, so a
-  subscriber needs a plain connection to ONE node: :func:`node_client`) and sharded
-  pub/sub (``SPUBLISH``/``SSUBSCRIBE``, Redis 7 clusters: a message stays on the shard that
-  owns the channel's slot; the publisher subscribes at each owner,
-  :mod:`publisher.live.shard_links`);
+* live notifications: :func:`infra.live_pubsub.live_mode` decides, once at startup and the
+  same way in worker and publisher, between classic pub/sub (a subscriber needs a plain
+  connection to ONE node: :func:`node_client`) and sharded pub/sub (the publisher
+  subscribes at each slot owner, :mod:`publisher.live.shard_links`);
 * per-node commands (``INFO``, ``SCAN``, ``CLUSTER INFO``): :func:`primary_clients`.
 
-Stale connections (Redis restarted, a failover): every client retries a command that
-failed on a connection or timeout error :data:`RETRIES` times with jittered exponential
-backoff (:data:`RETRY_BASE_S` .. :data:`RETRY_CAP_S`), and PINGs a connection idle longer
-than :data:`HEALTH_CHECK_INTERVAL_S` before using it, so a dead pooled connection is
-replaced instead of failing a request. A connection the peer reset (TCP RST) while it sat
-in the pool is one of those on uvloop too (:class:`_ResetSafe`). A retried non-idempotent command may have been
-applied once already: the append script's fenced seq check makes its retry exact; an
-``XADD`` of a job is at worst enqueued twice, and the second claim finds the stream
-running or done (:mod:`worker.lease`).
+Stale connections (Redis restarted, a failover): every client retries a command that failed on
+a connection or timeout error :data:`RETRIES` times with jittered exponential backoff
+(:data:`RETRY_BASE_S` .. :data:`RETRY_CAP_S`), and PINGs a connection idle longer than
+:data:`HEALTH_CHECK_INTERVAL_S` before using it, so a dead pooled connection is replaced
+instead of failing a request. A connection the peer reset (TCP RST) while it sat in the pool is
+one of those on uvloop too (:class:`~infra.redis_connections.ResetSafe`). A retried non-idempotent command may have
+been applied once already: the append script's fenced seq check makes its retry exact; an
+``XADD`` of a job is at worst enqueued twice, and the second claim finds the stream running or
+done (:mod:`worker.lease`).
 
-Redis pages followed: Cluster specification (hash tags, redirections), CLUSTER INFO,
-INFO, Pub/Sub ("Sharded Pub/Sub"), SPUBLISH; redis-py docs: Clustering, Retry.
+Redis pages followed: Cluster specification (hash tags, redirections), CLUSTER INFO;
+redis-py docs: Clustering, Retry.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
-from typing import Any, Final, Literal, TypeAlias, TypeVar, cast
+from typing import Any, Final, TypeAlias
 
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AskError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from schema.settings import SettingsError
+from infra.redis_connections import reset_safe, reset_safe_pool
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
 """What every fanout component takes: a single-node client or a cluster client."""
@@ -85,13 +81,6 @@ RETRY_CAP_S: Final = 1.0
 HEALTH_CHECK_INTERVAL_S: Final = 5.0
 """A pooled connection idle longer than this is PINGed before use, seconds."""
 
-LivePubSub: TypeAlias = Literal["auto", "classic", "sharded"]
-"""``FANOUT_LIVE_PUBSUB``: which pub/sub carries live notifications (:func:`live_mode`)."""
-LiveMode: TypeAlias = Literal["classic", "sharded"]
-"""What :func:`live_mode` decided: ``PUBLISH``/``SUBSCRIBE`` or ``SPUBLISH``/``SSUBSCRIBE``."""
-SHARDED_PUBSUB_MIN_VERSION: Final = (7, 0)
-"""Oldest Redis with sharded pub/sub (``SPUBLISH``, ``SSUBSCRIBE``)."""
-
 
 class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How to connect; every field but ``cluster`` is optional.
@@ -118,76 +107,22 @@ class RedisOptions(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = RETRIES
 
 
-_C = TypeVar("_C", bound=AbstractConnection)
-
-
-class _ResetSafe(AbstractConnection):
-    """A connection whose write to a transport already closed by a peer's reset is a ``ConnectionError``.
-
-    When the peer resets (TCP RST) a connection idle in the pool, uvloop closes its
-    transport, redis-py's pool check does not notice (the stream reader holds the error,
-    not an end of file), and the next write raises ``RuntimeError`` ("unable to perform
-    operation on <TCPTransport closed=True ...>; the handler is closed"), which the retry
-    does not cover: the command failed, and an SSE request got a ``500``. asyncio's own loop
-    drops such a write and fails the read with ``ConnectionError``. As a ``ConnectionError``
-    it is retried on a new connection (redis-py has already closed this one).
-    """
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        """Send as redis-py does; a write refused by a transport the peer reset raises ``ConnectionError``."""
-        writer = self._writer
-        try:
-            await super().send_packed_command(command, check_health)
-        except RuntimeError as exc:
-            if writer is None or not writer.transport.is_closing():
-                raise
-            raise RedisConnectionError(f"connection reset by the peer before the write: {exc}") from exc
-
-
-class _TCPConnection(_ResetSafe, Connection):
-    """``redis://`` (:class:`_ResetSafe`)."""
-
-
-class _SSLConnection(_ResetSafe, SSLConnection):
-    """``rediss://`` (:class:`_ResetSafe`)."""
-
-
-class _UnixConnection(_ResetSafe, UnixDomainSocketConnection):
-    """``unix://`` (:class:`_ResetSafe`)."""
-
-
-_RESET_SAFE: Final[dict[type[AbstractConnection], type[AbstractConnection]]] = {
-    Connection: _TCPConnection, SSLConnection: _SSLConnection, UnixDomainSocketConnection: _UnixConnection}
-"""redis-py's connection class for a URL scheme -> the same made :class:`_ResetSafe`."""
-
-
-def _reset_safe(cls: type[_C]) -> type[_C]:
-    """Return the :class:`_ResetSafe` subclass of redis-py's ``cls`` (``cls`` itself when it is none of the three)."""
-    return cast("type[_C]", _RESET_SAFE.get(cls, cls))
-
-
-def _reset_safe_pool(client: aioredis.Redis) -> aioredis.Redis:
-    """Make the connections ``client``'s pool opens from now on :class:`_ResetSafe`; return ``client``."""
-    pool = client.connection_pool
-    pool.connection_class = _reset_safe(pool.connection_class)
-    return client
-
-
 class _Cluster(RedisCluster):
-    """redis-py's cluster client, routing ``XREADGROUP`` by its keys itself; its connections are :class:`_ResetSafe`.
+    """redis-py's cluster client, routing ``XREADGROUP`` by its keys itself; its connections are reset-safe.
 
     redis-py asks the server (``COMMAND GETKEYS``, twice) for the keys of a command with
     "movable keys" such as ``XREADGROUP`` before sending it, tripling what an idle worker
     sends and putting it all on one node. The keys of ``XREADGROUP GROUP g c [COUNT n]
     [BLOCK ms] [NOACK] STREAMS k.. id..`` follow ``STREAMS`` (the first half of the rest).
+    Connections: :func:`~infra.redis_connections.reset_safe` of redis-py's.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # the nodes found later are built from these kwargs (one dict, shared with the nodes manager)
-        self.connection_kwargs["connection_class"] = _reset_safe(self.connection_kwargs["connection_class"])
+        self.connection_kwargs["connection_class"] = reset_safe(self.connection_kwargs["connection_class"])
         for node in self.nodes_manager.startup_nodes.values():
-            node.connection_class = _reset_safe(node.connection_class)
+            node.connection_class = reset_safe(node.connection_class)
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if str(command).upper() == "XREADGROUP":
@@ -240,10 +175,10 @@ def connect(url: str, options: RedisOptions | None = None) -> RedisClient:
     if options.pool_timeout_s is not None:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=options.max_connections or 50, timeout=options.pool_timeout_s, **kwargs)
-        return _reset_safe_pool(aioredis.Redis.from_pool(pool))
+        return reset_safe_pool(aioredis.Redis.from_pool(pool))
     if options.max_connections is not None:
         kwargs["max_connections"] = options.max_connections
-    return _reset_safe_pool(aioredis.Redis.from_url(url, **kwargs))
+    return reset_safe_pool(aioredis.Redis.from_url(url, **kwargs))
 
 
 def is_cluster(client: RedisClient) -> bool:
@@ -263,7 +198,7 @@ _REDIS_PARAMS: Final = frozenset(inspect.signature(aioredis.Redis.__init__).para
 def _of_node(node: ClusterNode) -> aioredis.Redis:
     # the node's connection kwargs, less those only the cluster client knows
     kwargs = {k: v for k, v in node.connection_kwargs.items() if k in _REDIS_PARAMS}
-    return _reset_safe_pool(aioredis.Redis(host=node.host, port=int(node.port), **kwargs))
+    return reset_safe_pool(aioredis.Redis(host=node.host, port=int(node.port), **kwargs))
 
 
 async def node_client(client: RedisClient) -> aioredis.Redis:
@@ -314,82 +249,3 @@ async def cluster_problems(client: RedisClient) -> list[str]:
         if state != "ok":
             problems.append(f"node {node.name} reports cluster_state:{state}")
     return problems
-
-
-def _version(text: object) -> tuple[int, ...]:
-    """``7.0.15`` -> ``(7, 0, 15)``; an unparseable version counts as ``(0,)`` (too old)."""
-    parts = []
-    for part in str(text).split("."):
-        if not part.isdigit():
-            break
-        parts.append(int(part))
-    return tuple(parts) or (0,)
-
-
-async def server_versions(client: RedisClient) -> dict[str, tuple[int, ...]]:
-    """Return ``redis_version`` (``INFO server``) of each primary, by ``host:port`` (one entry for a single node).
-
-    Raises:
-        redis.exceptions.RedisError: A node did not answer.
-    """
-    out = {}
-    for node in await primary_clients(client):
-        try:
-            info = await node.info("server")
-            kwargs = node.connection_pool.connection_kwargs
-            name = str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
-            out[name] = _version(info.get("redis_version", ""))
-        finally:
-            await node.aclose()
-    return out
-
-
-async def live_mode(client: RedisClient, setting: LivePubSub = "auto") -> LiveMode:
-    """Decide which pub/sub carries live notifications; worker and publisher both call this at startup.
-
-    ``auto`` (the default) answers ``sharded`` on a Redis Cluster whose every primary runs
-    Redis >= :data:`SHARDED_PUBSUB_MIN_VERSION`, else ``classic``: a classic ``PUBLISH`` on a
-    cluster is broadcast over the cluster bus to every node, so its cost grows with the
-    cluster, while a sharded one stays on the shard that owns the channel's slot. A
-    single node always uses classic pub/sub (nothing to shard). ``classic`` forces it
-    (e.g. during a rolling upgrade from a release whose workers only ``PUBLISH``);
-    ``sharded`` insists and refuses a deployment that cannot do it.
-
-    Worker and publisher must agree, or live events reach readers only through the
-    publisher's audit (one read per idle topic per half heartbeat): give both the same
-    ``FANOUT_LIVE_PUBSUB``.
-
-    Raises:
-        SettingsError: ``sharded`` on a single node, or on a cluster with a primary older
-            than 7.0 (named, with its version).
-        redis.exceptions.RedisError: ``INFO`` failed (Redis unreachable).
-    """
-    if setting == "classic":
-        return "classic"
-    if not isinstance(client, RedisCluster):
-        if setting == "sharded":
-            raise SettingsError("FANOUT_LIVE_PUBSUB=sharded needs a Redis Cluster (FANOUT_REDIS_CLUSTER=1); "
-                                "a single node uses classic pub/sub (auto or classic)")
-        return "classic"
-    old = {name: v for name, v in (await server_versions(client)).items() if v < SHARDED_PUBSUB_MIN_VERSION}
-    if not old:
-        return "sharded"
-    if setting == "sharded":
-        named = ", ".join(f"{name} runs {'.'.join(map(str, v))}" for name, v in sorted(old.items()))
-        raise SettingsError(f"FANOUT_LIVE_PUBSUB=sharded needs Redis >= 7.0 on every primary: {named}")
-    return "classic"
-
-
-async def publish_live(client: RedisClient, mode: LiveMode, channel: str | bytes, payload: str | bytes) -> int:
-    """``SPUBLISH`` (``sharded``) or ``PUBLISH`` (``classic``) one message; return how many subscribers got it.
-
-    For code that notifies a live channel outside the append script (tests, benchmarks,
-    tools acting as a worker). The cluster client routes ``SPUBLISH`` to the channel's
-    slot owner.
-
-    Raises:
-        redis.exceptions.RedisError: Redis failed.
-    """
-    if mode == "sharded":
-        return int(await client.spublish(channel, payload))
-    return int(await client.publish(channel, payload))

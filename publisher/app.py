@@ -6,7 +6,7 @@ blocking pool of ``FANOUT_REDIS_MAX_CONNECTIONS``, so a burst of readers waits f
 connection instead of failing; with ``FANOUT_REDIS_CLUSTER=1`` a cluster client, that
 many connections per node), the hub (classic pub/sub on a plain connection to one node,
 or, on a Redis 7 cluster, sharded pub/sub at each slot's owner:
-:func:`infra.redis_client.live_mode`) and
+:func:`infra.live_pubsub.live_mode`) and
 the jobs streams' groups (created at start, the shard count recorded in
 ``P:jobshards``) live in ``cleanup_ctx``; state is reached
 through the typed keys of :mod:`publisher.state`. Run the app with
@@ -25,7 +25,8 @@ from typing import Any, Final
 from aiohttp import web
 from opentelemetry import metrics, trace
 
-from infra.redis_client import RedisClient, RedisOptions, connect, live_mode, node_client
+from infra.live_pubsub import live_mode
+from infra.redis_client import RedisClient, RedisOptions, connect, node_client
 from publisher.api.accesslog import MaskedAccessLogger
 from publisher.api.edge import install_log_filter
 from publisher.api.limits import ConnectionGate

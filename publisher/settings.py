@@ -100,7 +100,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: pub/sub of the live channels; ``auto`` is sharded on a Redis 7
-    cluster, classic elsewhere (:func:`infra.redis_client.live_mode`); workers must agree."""
+    cluster, classic elsewhere (:func:`infra.live_pubsub.live_mode`); workers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: submissions spread over jobs streams ``P:jobs:{0..n-1}`` by stream id
     (16 suits a cluster)."""

@@ -62,7 +62,7 @@ Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` def
   events, meta, tomb, live) must present that token, so an older owner is fenced out;
   they write ``0-<seq>`` entries, advance ``last_seq`` (with seq 1 they store the writer's
   ``epoch``; after it they must name meta's) and ``PUBLISH`` it on ``live``
-  (``SPUBLISH`` on a Redis 7 cluster: ``infra.redis_client.live_mode``). On a
+  (``SPUBLISH`` on a Redis 7 cluster: ``infra.live_pubsub.live_mode``). On a
   terminal event they set ``state=done``, ``status``, ``ended_ms``, ``EXPIRE`` events and
   meta ``stream_ttl_s``, and write the tombstone with ``EXPIRE tombstone_ttl_s``. The
   summary then goes to ``P:done`` by a separate ``XADD MAXLEN ~ done_maxlen`` (another

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"asyncio", "aiohttp", "redis", "opentelemetry", "socket", "subprocess"}
+FORBIDDEN = {"asyncio", "aiohttp", "redis", "opentelemetry", "socket", "subprocess", "infra"}
 PURE = [
     *sorted((ROOT / "schema").glob("*.py")),
     *(ROOT / "client" / "fanout_client" / f"{name}.py" for name in ("contract", "reducer", "errors", "sse")),
@@ -17,11 +17,17 @@ PURE = [
     ROOT / "worker" / "sse_lines.py",
     ROOT / "worker" / "jsonarray.py",
     ROOT / "worker" / "eventstream.py",
+    ROOT / "worker" / "eventstream_headers.py",
     ROOT / "worker" / "bedrock_frames.py",
     ROOT / "worker" / "jsonscan.py",
     ROOT / "worker" / "normalizer.py",
+    ROOT / "worker" / "outbox.py",
+    ROOT / "worker" / "blocks.py",
+    ROOT / "worker" / "terminal.py",
     ROOT / "worker" / "error_policy.py",
     ROOT / "worker" / "pipeline.py",
+    ROOT / "worker" / "jobentry.py",
+    ROOT / "worker" / "summary.py",
     ROOT / "tools" / "replay.py",
     *sorted((ROOT / "publisher" / "wire").glob("*.py")),
     ROOT / "publisher" / "history" / "entries.py",

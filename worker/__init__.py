@@ -1,10 +1,15 @@
 """The fanout worker: takes jobs from Redis, calls providers, normalizes and appends their events.
 
-Rooms: the pure core (``sse``, ``jsonarray``, ``eventstream``, ``frames``, ``adapters/``,
-``normalizer``, ``pipeline``, ``error_policy``: bytes in, contract events out) and the I/O
-shell around it (``runner``, ``intake``, ``job_run``, ``attempt``, ``upstream``,
-``appender``, ``lease``, ``cancel``, ``telemetry``, ``main``). Shared Redis plumbing is in
-:mod:`infra`.
+Rooms: the pure core, bytes in and contract events out: framing (``frames``, ``sse``,
+``sse_lines``, ``jsonarray``, ``jsonscan``, ``eventstream`` with ``eventstream_headers``,
+``bedrock_frames``), the provider adapters (``adapters/``), the normalizer (``normalizer``
+on ``outbox``, with ``blocks`` and ``terminal``), ``pipeline``, ``error_policy``,
+``jobentry`` and ``summary``. Around it the I/O shell: ``main``, ``settings``, ``runner``,
+``intake``, ``job_groups``, ``job_run``, ``job_storage``, ``attempt``, ``upstream``,
+``upstream_errors``, ``appender``, ``stream_writer``, ``append_script``, ``salvage``,
+``lease``, ``cancel``, ``control``, ``telemetry``. Shared Redis plumbing is in :mod:`infra`.
 
-Must not import :mod:`publisher` or :mod:`tools`.
+The pure core imports no asyncio, aiohttp, redis, opentelemetry or :mod:`infra`
+(``tests/test_purity.py`` lists its modules). Must not import :mod:`publisher` or
+:mod:`tools`.
 """

@@ -66,7 +66,7 @@ ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
 tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
 answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
-:func:`infra.redis_client.live_mode`), then the writer's epoch ('' for a stream started
+:func:`infra.live_pubsub.live_mode`), then the writer's epoch ('' for a stream started
 before contract 1.1).
 
 Answers ``{code, detail}``: ``ok``/``landed`` with the new last seq; ``fenced`` (another

@@ -44,7 +44,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from infra.redis_client import REDIS_ERRORS
 from infra.redis_faults import fault_fields
-from infra.storage import fault_kind, with_retry
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
@@ -99,13 +98,29 @@ class JobRun(JobStorage):
             self.telemetry.job_ended("skipped")
             return "skipped"
         self.token = claim.token
+        self.writer = self._open_writer(claim)
+        outcome = await self._run_leased(claim)
+        terminal = self.writer.terminal
+        self.telemetry.job_ended(outcome)
+        log.info("event=job_end stream_id=%s provider=%s outcome=%s status=%s attempts=%d", job.stream_id,
+                 job.provider, outcome, terminal.status if terminal else "-", self._attempts)
+        return outcome
+
+    def _open_writer(self, claim: Claim) -> StreamWriter:
+        """Return the writer of the claimed stream; nothing stored yet starts a new generation (epoch)."""
+        job = self.job
         epoch = new_epoch() if claim.last_seq == 0 else claim.epoch  # nothing stored: a new generation
-        self.writer = self.ctx.appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq,
-                                               provider=job.provider, model=job.model, started_ms=claim.started_ms,
-                                               epoch=epoch)
-        self.writer.sleep = self._storage_sleep
+        writer = self.ctx.appender.writer(job.stream_id, token=claim.token, last_seq=claim.last_seq,
+                                          provider=job.provider, model=job.model, started_ms=claim.started_ms,
+                                          epoch=epoch)
+        writer.sleep = self._storage_sleep
+        return writer
+
+    async def _run_leased(self, claim: Claim) -> Outcome:
+        """Drive the job inside its span while a task keeps the lease; stop renewing at the end."""
+        assert self.writer is not None
         lease = asyncio.create_task(self._keep_lease())
-        with self.telemetry.job_span(job) as span, self.telemetry.job_running():
+        with self.telemetry.job_span(self.job) as span, self.telemetry.job_running():
             try:
                 outcome = await self._drive(claim)
             finally:
@@ -114,75 +129,17 @@ class JobRun(JobStorage):
                     await lease
             terminal = self.writer.terminal
             span.set_attribute("fanout.status", terminal.status if terminal else outcome)
-        self.telemetry.job_ended(outcome)
-        log.info("event=job_end stream_id=%s provider=%s outcome=%s status=%s attempts=%d", job.stream_id,
-                 job.provider, outcome, terminal.status if terminal else "-", self._attempts)
         return outcome
 
-    async def _duplicate(self, other: str) -> Claim | Outcome:
-        """Ack this entry, a repeat of the job another entry (``other``) runs, or claim if ``other`` is gone.
-
-        A job ``XADD`` re-sent after its reply was lost stores the job twice; claiming the
-        second entry would fence the healthy run of the first one and end its stream
-        ``worker_lost``. Only when ``other`` is no longer pending (nobody owns the stream)
-        does this entry take the stream over.
-        """
-        if await self.ctx.leases.is_pending(other):
-            log.warning("event=duplicate_job stream_id=%s job=%s runs_as=%s action=ack", self.job.stream_id,
-                        self.entry_id, other)
-            await self._ack()
-            return "skipped"
-        return await self._claim(force=True)
-
-    async def _claim(self, *, force: bool = False) -> Claim | Outcome:
-        """Claim the stream, retried like a write (:func:`infra.storage.with_retry`).
-
-        A retried claim whose first try was applied only moves the token one further (the
-        claim count then includes it). A claim Redis refuses for good (``WRONGTYPE`` on
-        meta) acks the job (``skipped``); a shutdown while retrying leaves it pending
-        (``abandoned``); a transient or pressure fault past the window raises.
-
-        Raises:
-            redis.exceptions.RedisError: Redis still failing past the window (the job stays pending).
-        """
-        job = self.job
-        self._claim_ms = self.ctx.clock_ms()
-        try:
-            return await with_retry(
-                lambda: self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
-                                              entry_id=self.entry_id, now_ms=self._claim_ms, force=force),
-                policy=self.ctx.appender.retry, sleep=self._storage_sleep, what="claim", stream_id=job.stream_id)
-        except Stopped:
-            return "abandoned"
-        except StorageRefusedError as exc:
-            cause = exc.__cause__
-            if cause is not None and fault_kind(cause) != "permanent":
-                raise cause from None  # OOM past the window: leave the job pending, as Redis being down does
-            log.error("event=claim_refused stream_id=%s action=ack", job.stream_id)
-            await self._ack()
-            return "skipped"
-
     async def _drive(self, claim: Claim) -> Outcome:
+        """Run the job's body and turn how it ended (a stop, a refusal, a failure) into the outcome."""
         try:
-            try:
-                await self._body(claim)
-            except Stopped as stopped:
-                if stopped.reason != "cancel":
-                    log.info("event=job_stopped stream_id=%s reason=%s", self.job.stream_id, stopped.reason)
-                    return "abandoned"
-                await self._write_error(FanoutError("the client cancelled the stream", category="cancelled"))
+            if not await self._body_unless_stopped(claim):
+                return "abandoned"
         except StreamClosedError:
             pass  # finished by someone else: nothing may follow its terminal
-        except SeqConflictError as exc:
-            if self.writer is not None and exc.stored_seq < self.writer.last_seq:
-                return await self._end_after_loss(exc.stored_seq)
-            log.warning("event=append_refused stream_id=%s error=SeqConflictError message=\"%s\"", self.job.stream_id,
-                        exc)
-            return "abandoned"
-        except FencedError as exc:
-            log.warning("event=append_refused stream_id=%s error=%s message=\"%s\"", self.job.stream_id,
-                        type(exc).__name__, exc)
-            return "abandoned"
+        except (SeqConflictError, FencedError) as exc:
+            return await self._append_refused(exc)
         except StorageRefusedError as exc:
             return await self._end_refused(exc.reason)
         except REDIS_ERRORS as exc:
@@ -194,6 +151,17 @@ class JobRun(JobStorage):
             log.exception("event=job_crashed stream_id=%s", self.job.stream_id)
             return await self._write_internal_error()
         return await self._ack_done()
+
+    async def _body_unless_stopped(self, claim: Claim) -> bool:
+        """Run the body; a cancel writes ``cancelled``; any other stop returns False (the job stays pending)."""
+        try:
+            await self._body(claim)
+        except Stopped as stopped:
+            if stopped.reason != "cancel":
+                log.info("event=job_stopped stream_id=%s reason=%s", self.job.stream_id, stopped.reason)
+                return False
+            await self._write_error(FanoutError("the client cancelled the stream", category="cancelled"))
+        return True
 
     async def _write_internal_error(self) -> Outcome:
         try:

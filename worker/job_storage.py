@@ -1,4 +1,4 @@
-"""The storage side of a job run: appends, the terminal on failure, the ack, the lease.
+"""The storage side of a job run: the claim, appends, the terminal on failure, the ack, the lease.
 
 :class:`JobStorage` is the base of :class:`worker.job_run.JobRun`; it holds what touches
 Redis for one job once it is claimed, and the Redis fault rules (:mod:`infra.storage`):
@@ -21,14 +21,14 @@ import redis.exceptions
 
 from infra.redis_client import REDIS_ERRORS
 from infra.redis_faults import fault_fields, redis_error_fields
-from infra.storage import with_retry
+from infra.storage import fault_kind, with_retry
 from schema.contract import ErrorInfo, Event, StreamDone, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
-from worker.appender import Appender, FencedError, StreamClosedError, StreamWriter
+from worker.appender import Appender, FencedError, SeqConflictError, StreamClosedError, StreamWriter
 from worker.control import Stopped, Stopper
 from worker.error_policy import STATUS_OF_CATEGORY, safe_message
-from worker.lease import Leases
+from worker.lease import Claim, Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
 from worker.settings import WorkerSettings
@@ -82,6 +82,53 @@ class JobStorage:
         """Stop the job: abort its upstream request; ``cancel`` then writes ``cancelled``."""
         self.stopper.stop(reason)
 
+    # -- claim ------------------------------------------------------------------
+
+    async def _duplicate(self, other: str) -> Claim | Outcome:
+        """Ack this entry, a repeat of the job another entry (``other``) runs, or claim if ``other`` is gone.
+
+        A job ``XADD`` re-sent after its reply was lost stores the job twice; claiming the
+        second entry would fence the healthy run of the first one and end its stream
+        ``worker_lost``. Only when ``other`` is no longer pending (nobody owns the stream)
+        does this entry take the stream over.
+        """
+        if await self.ctx.leases.is_pending(other):
+            log.warning("event=duplicate_job stream_id=%s job=%s runs_as=%s action=ack", self.job.stream_id,
+                        self.entry_id, other)
+            await self._ack()
+            return "skipped"
+        return await self._claim(force=True)
+
+    async def _claim(self, *, force: bool = False) -> Claim | Outcome:
+        """Claim the stream, retried like a write (:func:`infra.storage.with_retry`).
+
+        A retried claim whose first try was applied only moves the token one further (the
+        claim count then includes it). A claim Redis refuses for good (``WRONGTYPE`` on
+        meta) acks the job (``skipped``); a shutdown while retrying leaves it pending
+        (``abandoned``); a transient or pressure fault past the window raises.
+
+        Raises:
+            redis.exceptions.RedisError: Redis still failing past the window (the job stays pending).
+        """
+        job = self.job
+        self._claim_ms = self.ctx.clock_ms()
+        try:
+            return await with_retry(
+                lambda: self.ctx.leases.claim(stream_id=job.stream_id, provider=job.provider, model=job.model,
+                                              entry_id=self.entry_id, now_ms=self._claim_ms, force=force),
+                policy=self.ctx.appender.retry, sleep=self._storage_sleep, what="claim", stream_id=job.stream_id)
+        except Stopped:
+            return "abandoned"
+        except StorageRefusedError as exc:
+            cause = exc.__cause__
+            if cause is not None and fault_kind(cause) != "permanent":
+                raise cause from None  # OOM past the window: leave the job pending, as Redis being down does
+            log.error("event=claim_refused stream_id=%s action=ack", job.stream_id)
+            await self._ack()
+            return "skipped"
+
+    # -- writes -----------------------------------------------------------------
+
     async def _ack(self) -> None:
         """``XACK`` the job, retried like an append (a lost ack would only cost a later skip)."""
         await with_retry(lambda: self.ctx.leases.ack(self.entry_id), policy=self.ctx.appender.retry,
@@ -107,6 +154,18 @@ class JobStorage:
         log.error("event=storage_lost_events stream_id=%s seqs=%s", self.job.stream_id, lost)
         reason = f"Redis lost events {lost} of this stream (a failover before they were replicated)"
         return await self._end_refused(reason, jump=True, retryable=True)
+
+    async def _append_refused(self, exc: SeqConflictError | FencedError) -> Outcome:
+        """End the stream after Redis lost this writer's events, else leave the job to the stream's owner."""
+        if isinstance(exc, SeqConflictError):
+            if self.writer is not None and exc.stored_seq < self.writer.last_seq:
+                return await self._end_after_loss(exc.stored_seq)
+            log.warning("event=append_refused stream_id=%s error=SeqConflictError message=\"%s\"", self.job.stream_id,
+                        exc)
+            return "abandoned"
+        log.warning("event=append_refused stream_id=%s error=%s message=\"%s\"", self.job.stream_id,
+                    type(exc).__name__, exc)
+        return "abandoned"
 
     async def _end_refused(self, reason: str, *, jump: bool = False, retryable: bool = False) -> Outcome:
         """End the stream ``failed``/``internal`` after Redis refused its writes for good, then ack."""

@@ -64,6 +64,18 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_from_env(os.environ, log_level=args.log_level)
     telemetry = Telemetry.from_env(os.environ)
     try:
+        return _serve_to_exit(settings, telemetry, source)
+    finally:
+        telemetry.shutdown()
+
+
+def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str) -> int:
+    """Serve until stopped; map what Redis or a setting refuses to the exit status (0 after a clean drain).
+
+    Raises:
+        CommandError: Redis does not answer (exit 4).
+    """
+    try:
         asyncio.run(serve(settings, telemetry))
     except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on Redis 6.2)
         sys.stderr.write(f"fanout worker: {exc}\n")
@@ -74,8 +86,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
                          f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER\n")
         return 1
-    finally:
-        telemetry.shutdown()
     return 0
 
 

@@ -6,24 +6,17 @@ and block ids, derives the final ``finish_reason``, checks every event against t
 state machine of :mod:`schema.states` (the same table the validator uses) and emits
 exactly one terminal event. After the terminal event every call is ignored and counted.
 
-Keys: adapters name blocks by any hashable key of their own (Anthropic ``index``,
-Responses ``(output_index, content_index)``, ...); the normalizer maps each key to
-the next contract ``index`` in order of public start.
+Around it: :mod:`worker.outbox` numbers, checks and holds the events (the base class);
+:mod:`worker.blocks` keeps the books of the blocks (adapter keys, held blocks, contract
+indexes, streamed text); :mod:`worker.terminal` holds the rules of the end (finish
+derivation, whether an end stands, a failure's status). This module decides each event.
 
-Held blocks (PROVIDERS.md 7.4: a block that never receives content never exists
-publicly): a ``text``, ``reasoning`` or ``refusal`` block is opened for the adapter at
-once but its ``block.start`` is held until its first non-empty delta (of any kind, a
-signature included), which is also when it gets its contract ``index``. Closing a held
-block emits nothing, so a never-filled block leaves no trace and the indexes of the
-blocks that follow close ranks. A ``tool_call`` block starts at once: its name and call
-id are content, and ``""`` arguments mean ``{}``.
-
-Pure: imports no asyncio, aiohttp, redis or opentelemetry; the clock is injected.
+Pure: imports no asyncio, aiohttp, redis or opentelemetry, and nothing of the worker's I/O
+shell; the clock is injected.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -39,45 +32,21 @@ from schema.contract import (
     DeltaKind,
     DoneStatus,
     ErrorCategory,
-    ErrorInfo,
     ErrorStatus,
-    Event,
     FinishReason,
     StreamDone,
     StreamError,
     StreamStart,
-    ToolInfo,
     Usage,
     Visibility,
 )
-from schema.errors import InternalError
-from schema.reducer import parse_arguments
-from schema.states import StreamMachine
-from worker.error_policy import RETRYABLE, STATUS_OF_CATEGORY, safe_message
-
-_HELD_KINDS: frozenset[BlockKind] = frozenset({"text", "reasoning", "refusal"})
-"""Block kinds whose ``block.start`` waits for their first content (PROVIDERS.md 7.4)."""
+from worker.blocks import Block, BlockTable
+from worker.outbox import EventOutbox
+from worker.terminal import derive_finish, end_problem, failure
 
 
-class _Block:
-    __slots__ = ("json_text", "kind", "open", "redacted", "ref", "signature", "text", "tool")
-
-    def __init__(self, kind: BlockKind, tool: ToolInfo | None, redacted: bool) -> None:
-        self.ref: BlockRef | None = None
-        """Set when ``block.start`` is emitted; ``None`` while held."""
-        self.kind: BlockKind = kind
-        self.tool, self.redacted = tool, redacted
-        self.open = True
-        self.text: list[str] = []
-        self.json_text: list[str] = []
-        self.signature: list[str] = []
-
-    def parts(self, kind: DeltaKind) -> list[str]:
-        return {"text": self.text, "json_text": self.json_text, "signature": self.signature}[kind]
-
-
-class Normalizer:
-    """Per-stream state that turns block operations into ordered contract events.
+class Normalizer(EventOutbox):
+    """Per-stream state that turns block operations into ordered contract events (:class:`EventOutbox`).
 
     Args:
         stream_id: The stream's id, stamped on every event.
@@ -104,49 +73,16 @@ class Normalizer:
         stored_seq: int = 0,
         epoch: str | None = None,
     ) -> None:
+        super().__init__(clock=clock, stored_seq=stored_seq)
         self.stream_id, self.provider, self.model = stream_id, provider, model
         self.epoch = epoch
         self.metadata = metadata or {}
         self.visibility: Visibility = reasoning_visibility
         self.usage: Usage | None = None
         """The last usage report received; adapters overwrite it as reports arrive."""
-        self.ignored: Counter[str] = Counter()
-        """Provider events skipped, by name (``after_terminal`` for anything after the end)."""
-        self._clock = clock
-        self._seq = stored_seq
-        self._machine = StreamMachine()
-        self._machine.state = "open" if stored_seq else "idle"
-        self._machine.last_seq = stored_seq
-        self._blocks: dict[Hashable, _Block] = {}
-        self._order: list[_Block] = []
-        self._outbox: list[Event] = []
-        self.terminal: Event | None = None
-        """The terminal event, once emitted."""
+        self._blocks = BlockTable()
         self.deltas_emitted = 0
         """How many ``block.delta`` events were emitted (retries stop once this is > 0)."""
-
-    # -- output -------------------------------------------------------------
-
-    def take(self) -> list[Event]:
-        """Return and forget the events emitted since the last call, in seq order."""
-        out, self._outbox = self._outbox, []
-        return out
-
-    def _emit(self, build: Callable[[int, int], Event]) -> None:
-        event = build(self._seq + 1, self._clock())
-        violation = self._machine.apply(event)
-        if violation is not None:
-            raise InternalError(f"normalizer would break {violation.rule}: {violation.message}")
-        self._seq = event.seq
-        self._outbox.append(event)
-        if isinstance(event, StreamDone | StreamError):
-            self.terminal = event
-
-    def _ignored_after_end(self) -> bool:
-        if self.terminal is not None:
-            self.ignored["after_terminal"] += 1
-            return True
-        return False
 
     # -- stream -------------------------------------------------------------
 
@@ -160,35 +96,29 @@ class Normalizer:
                 )
             )
 
-    def ignore(self, name: str) -> None:
-        """Count one provider event skipped because this version does not use it."""
-        self.ignored[name or "unnamed"] += 1
-
     # -- blocks -------------------------------------------------------------
 
     def is_open(self, key: Hashable) -> bool:
         """Whether the block keyed ``key`` is open."""
-        block = self._blocks.get(key)
-        return block is not None and block.open
+        return self._blocks.is_open(key)
 
     def knows(self, key: Hashable) -> bool:
         """Whether a block keyed ``key`` was ever opened."""
-        return key in self._blocks
+        return self._blocks.knows(key)
 
     def kind_of(self, key: Hashable) -> BlockKind | None:
         """Return the kind of the block keyed ``key``, or ``None`` if unknown."""
-        block = self._blocks.get(key)
-        return block.kind if block else None
+        return self._blocks.kind_of(key)
 
     @property
     def open_keys(self) -> list[Hashable]:
         """Keys of open blocks (held ones included), in order of opening."""
-        return [k for k, b in self._blocks.items() if b.open]
+        return self._blocks.open_keys
 
     @property
     def block_count(self) -> int:
         """How many blocks started publicly (held blocks not yet filled are not counted)."""
-        return len(self._order)
+        return len(self._blocks.started)
 
     def open_block(
         self,
@@ -206,17 +136,15 @@ class Normalizer:
         """
         if self._ignored_after_end():
             return
-        if key in self._blocks:
+        if self._blocks.knows(key):
             self.fail(category="protocol", message="upstream started the same block twice")
             return
-        tool = ToolInfo(call_id=call_id or "", name=name or "") if kind == "tool_call" else None
-        block = _Block(kind, tool, redacted)
-        self._blocks[key] = block
-        if kind not in _HELD_KINDS:
+        block = self._blocks.add(key, kind, call_id=call_id, name=name, redacted=redacted)
+        if not block.held:
             self._start(block)
 
-    def _start(self, block: _Block) -> BlockRef:
-        ref = BlockRef(id=f"b{len(self._order)}", index=len(self._order), kind=block.kind)
+    def _start(self, block: Block) -> BlockRef:
+        ref = self._blocks.next_ref(block)
         is_reasoning = block.kind == "reasoning"
         self._emit(
             lambda seq, ts: BlockStart(
@@ -225,8 +153,7 @@ class Normalizer:
                 redacted=block.redacted if is_reasoning else None,
             )
         )
-        block.ref = ref
-        self._order.append(block)
+        self._blocks.mark_started(block, ref)
         return ref
 
     def delta(self, key: Hashable, kind: DeltaKind, text: str) -> None:
@@ -254,8 +181,7 @@ class Normalizer:
 
     def text_of(self, key: Hashable, kind: DeltaKind) -> str:
         """Return the concatenated fragments of ``kind`` sent so far for block ``key``."""
-        block = self._blocks.get(key)
-        return "".join(block.parts(kind)) if block else ""
+        return self._blocks.text_of(key, kind)
 
     def settle(self, key: Hashable, kind: DeltaKind, final: str) -> bool:
         """Reconcile a provider's final value with what was streamed for block ``key``.
@@ -286,7 +212,7 @@ class Normalizer:
             return
         self._stop(block)
 
-    def _stop(self, block: _Block) -> None:
+    def _stop(self, block: Block) -> None:
         ref = block.ref
         if ref is not None:
             self._emit(lambda seq, ts: BlockStop(stream_id=self.stream_id, seq=seq, ts=ts, block=ref))
@@ -294,26 +220,15 @@ class Normalizer:
 
     def close_all(self) -> None:
         """Close every open block in order of opening (a token-limit stop, or a clean end)."""
-        for block in self._blocks.values():
+        for block in self._blocks:
             if block.open and self.terminal is None:
                 self._stop(block)
 
     # -- terminal -----------------------------------------------------------
 
     def derive_finish(self, reason: FinishReason | None) -> FinishReason | None:
-        """Apply PROVIDERS.md 7.8 to a provider's ``stop``.
-
-        ``stop`` with tool calls becomes ``tool_calls``; ``stop`` whose only output is a
-        refusal (reasoning aside) becomes ``refusal``; any other reason is returned as is.
-        """
-        if reason != "stop":
-            return reason
-        kinds = {b.kind for b in self._order}
-        if "tool_call" in kinds:
-            return "tool_calls"
-        if kinds - {"reasoning"} == {"refusal"}:
-            return "refusal"
-        return reason
+        """Apply PROVIDERS.md 7.8 to a provider's ``stop`` (:func:`worker.terminal.derive_finish`)."""
+        return derive_finish(reason, (b.kind for b in self._blocks.started))
 
     def done(
         self,
@@ -332,17 +247,9 @@ class Normalizer:
         if self._ignored_after_end():
             return
         final = self.derive_finish(finish_reason)
-        if self.open_keys:
-            self.fail(
-                category="protocol", message="upstream ended the response with a block still open",
-                finish_reason=final,
-            )
-            return
-        if status == "completed" and any(
-            b.kind == "tool_call" and parse_arguments("".join(b.json_text)) is None for b in self._order
-        ):
-            self.fail(category="protocol", message="tool call arguments are not a JSON object",
-                      finish_reason=final)
+        problem = end_problem(status, open_blocks=bool(self.open_keys), started=self._blocks.started)
+        if problem is not None:
+            self.fail(category="protocol", message=problem, finish_reason=final)
             return
         self._emit(
             lambda seq, ts: StreamDone(
@@ -364,22 +271,16 @@ class Normalizer:
     ) -> None:
         """Emit ``stream.error``; open blocks stay open publicly (no fake ``block.stop``).
 
-        ``status`` defaults from the category (``transport``/``timeout``/``worker_lost``
-        → ``interrupted``, ``cancelled`` → ``cancelled``, else ``failed``) and
-        ``retryable`` from :data:`RETRYABLE`.
+        ``status`` and ``retryable`` default from the category (:func:`worker.terminal.failure`).
         """
         if self._ignored_after_end():
             return
-        info = ErrorInfo(
-            category=category,
-            retryable=RETRYABLE[category] if retryable is None else retryable,
-            provider_code=provider_code,
-            message=safe_message(message),
-        )
-        final_status = status or STATUS_OF_CATEGORY.get(category, "failed")
+        final_status, info = failure(category, message, provider_code=provider_code, retryable=retryable,
+                                     status=status)
         self._emit(
             lambda seq, ts: StreamError(
                 stream_id=self.stream_id, seq=seq, ts=ts, status=final_status, error=info,
                 usage=self.usage, finish_reason=finish_reason,
             )
         )
+

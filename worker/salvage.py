@@ -161,7 +161,7 @@ class Salvage:
                    message: str, mode: str = "classic", epoch: str = "", last_seq: int = 0) -> tuple[str, str]:
         """Run :data:`MARK_LUA`; return (``ok``/``fenced``/``closed``/``reset``, last_seq, token or epoch).
 
-        ``mode``: the live mode (:func:`infra.redis_client.live_mode`) of its notification;
+        ``mode``: the live mode (:func:`infra.live_pubsub.live_mode`) of its notification;
         ``epoch`` and ``last_seq``: the writer's generation and last stored seq.
 
         Raises:

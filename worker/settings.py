@@ -40,7 +40,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: how the append script notifies live channels; ``auto`` is
     ``SPUBLISH`` on a cluster whose every primary runs Redis 7+, ``PUBLISH`` elsewhere
-    (:func:`infra.redis_client.live_mode`); ``sharded`` on a single node or a primary older than
+    (:func:`infra.live_pubsub.live_mode`); ``sharded`` on a single node or a primary older than
     7.0 is refused at start (exit 2); publishers must agree."""
     job_shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_SHARDS)] = 1
     """``FANOUT_JOB_SHARDS``: jobs streams ``P:jobs:{0..n-1}``; the worker serves at least

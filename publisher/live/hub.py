@@ -26,7 +26,7 @@ getting only heartbeats.
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
 
-Which pub/sub (:func:`infra.redis_client.live_mode`, the worker decides the same way):
+Which pub/sub (:func:`infra.live_pubsub.live_mode`, the worker decides the same way):
 ``classic`` (a single node, a Redis 6.2 cluster) uses ONE connection to one node with
 ``SUBSCRIBE``; after it is lost the hub reconnects (to a node of the current topology)
 and subscribes every topic again. ``sharded`` (a Redis 7 cluster, where a classic
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
 
-    from infra.redis_client import LiveMode
+    from infra.live_pubsub import LiveMode
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Hub:
             the hub reconnects to that node and subscribes every topic again (after a
             failover the old node may be gone for good). ``None``: retry the same node.
             Classic mode only.
-        mode: ``classic`` or ``sharded`` (:func:`infra.redis_client.live_mode`).
+        mode: ``classic`` or ``sharded`` (:func:`infra.live_pubsub.live_mode`).
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 Events are written like the bug cases do: ``XADD <events> 0-<seq> e <json>``, ``HSET``
 meta, ``PUBLISH`` the seq on the live channel (``SPUBLISH`` where the deployment's live
-mode is sharded, as the worker's script would: :func:`infra.redis_client.live_mode`).
+mode is sharded, as the worker's script would: :func:`infra.live_pubsub.live_mode`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from infra.redis_client import LiveMode, live_mode, publish_live
+from infra.live_pubsub import LiveMode, live_mode, publish_live
 from publisher.api.tokens import issue
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.history.visibility import Scope

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.redis_client import live_mode
+from infra.live_pubsub import live_mode
 from publisher.history.entries import Page
 from publisher.history.store import Store
 from publisher.live.reads import BURST

@@ -14,7 +14,8 @@ import aiohttp
 import msgspec
 import pytest
 
-from infra.redis_client import RedisOptions, connect, live_mode
+from infra.live_pubsub import live_mode
+from infra.redis_client import RedisOptions, connect
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
 from tests.conftest import client_for

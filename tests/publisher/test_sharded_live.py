@@ -21,7 +21,8 @@ import redis
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
-from infra.redis_client import LivePubSub, RedisClient, RedisOptions, connect, live_mode
+from infra.live_pubsub import LivePubSub, live_mode
+from infra.redis_client import RedisClient, RedisOptions, connect
 from publisher.app import RUNNER_KWARGS, create_app
 from publisher.settings import PublisherSettings
 from schema.contract import Event, encode_event

@@ -10,7 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from infra.redis_client import RedisClient, live_mode
+from infra.live_pubsub import live_mode
+from infra.redis_client import RedisClient
 from publisher.live.notification import Notification, encode_notification, parse_notification
 from schema.contract import (
     BlockDelta,

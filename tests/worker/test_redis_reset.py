@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from infra.redis_client import RedisOptions, _ResetSafe, connect, primary_clients
+from infra.redis_client import RedisOptions, connect, primary_clients
+from infra.redis_connections import ResetSafe
 from tests.worker.redis_proc import private_redis
 
 uvloop = pytest.importorskip("uvloop")
@@ -122,11 +123,11 @@ async def test_every_connection_a_cluster_client_and_its_node_clients_open_is_re
         opened = [conn for node in client.get_nodes() for conn in node._connections]
         assert len(client.get_nodes()) >= 3
         assert opened
-        assert all(isinstance(conn, _ResetSafe) for conn in opened)
+        assert all(isinstance(conn, ResetSafe) for conn in opened)
         for node_client in await primary_clients(client):
             try:
                 await node_client.ping()
-                assert all(isinstance(conn, _ResetSafe) for conn in _pooled(node_client))
+                assert all(isinstance(conn, ResetSafe) for conn in _pooled(node_client))
                 assert _pooled(node_client)
             finally:
                 await node_client.aclose()

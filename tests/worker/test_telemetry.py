@@ -196,7 +196,7 @@ def test_unknown_exporter_name_is_one_warning_naming_the_choices(caplog: pytest.
 
 def test_a_shipped_exporter_that_cannot_load_asks_for_the_extra(caplog: pytest.LogCaptureFixture,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker import otel_setup
+    from infra import otel_setup
 
     monkeypatch.setattr(otel_setup, "_entry_point", lambda signal, name: None)  # as without the [otel] extra
     with caplog.at_level(logging.WARNING, logger="fanout.otel"):

@@ -74,7 +74,18 @@ import msgspec
 
 from schema.contract import DeltaKind, FinishReason
 from schema.errors import UpstreamProtocolError
-from worker.adapters.anthropic_parts import DELTA_RULES, DeltaRule, failure_of, merge_usage, stop_of, usage_of
+from worker.adapters.anthropic_parts import (
+    DELTA_RULES,
+    DeltaRule,
+    block_index,
+    failure_of,
+    merge_usage,
+    object_field,
+    optional_text,
+    stop_of,
+    text_of,
+    usage_of,
+)
 from worker.adapters.base import Adapter, Framing, parse_object
 from worker.frames import Frame, SSEFrame
 from worker.normalizer import Normalizer
@@ -86,28 +97,6 @@ alone); its counts repeat the events' own usage, so it is ignored (UPSTREAMS.md 
 Payload = dict[str, Any]
 Handler = Callable[[Payload], None]
 Opener = Callable[[int, Payload], None]
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _optional(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _index(payload: Payload) -> int:
-    index = payload.get("index")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise UpstreamProtocolError(f"upstream sent {payload.get('type')} without a valid index")
-    return index
-
-
-def _object(payload: Payload, field: str) -> Payload:
-    value = payload.get(field)
-    if not isinstance(value, dict):
-        raise UpstreamProtocolError(f"upstream sent {payload.get('type')} without a {field} object")
-    return value
 
 
 class AnthropicAdapter(Adapter):
@@ -172,15 +161,15 @@ class AnthropicAdapter(Adapter):
     # -- message ------------------------------------------------------------
 
     def _on_message_start(self, payload: Payload) -> None:
-        message = _object(payload, "message")
-        message_id = _optional(message.get("id"))
+        message = object_field(payload, "message")
+        message_id = optional_text(message.get("id"))
         if self._started:
             if message_id != self._message_id:
                 raise UpstreamProtocolError("a message_start with another id arrived mid-message")
             self.norm.ignore("message_start.duplicate")
             return
         self._started = True
-        self._message_id, self._model = message_id, _optional(message.get("model"))
+        self._message_id, self._model = message_id, optional_text(message.get("model"))
         self._report_usage(message.get("usage"))
 
     def _on_message_delta(self, payload: Payload) -> None:
@@ -212,8 +201,8 @@ class AnthropicAdapter(Adapter):
     def _on_error(self, payload: Payload) -> None:
         error = payload.get("error")
         error = error if isinstance(error, dict) else {}
-        code = _optional(error.get("type"))
-        message = _text(error.get("message")) or f"upstream sent an error ({code or 'no type'})"
+        code = optional_text(error.get("type"))
+        message = text_of(error.get("message")) or f"upstream sent an error ({code or 'no type'})"
         failure = failure_of(code, message)
         self.norm.fail(
             category=failure.category, retryable=failure.retryable, provider_code=code,
@@ -226,11 +215,11 @@ class AnthropicAdapter(Adapter):
     # -- blocks -------------------------------------------------------------
 
     def _on_block_start(self, payload: Payload) -> None:
-        index = _index(payload)
-        block = _object(payload, "content_block")
+        index = block_index(payload)
+        block = object_field(payload, "content_block")
         if index in self._skipped or self.norm.knows(index):
             raise UpstreamProtocolError(f"upstream reused content block index {index}")
-        block_type = _text(block.get("type"))
+        block_type = text_of(block.get("type"))
         opener = self._openers.get(block_type)
         if opener is None:
             self._skipped[index] = block_type or "untyped_block"
@@ -240,20 +229,20 @@ class AnthropicAdapter(Adapter):
 
     def _open_text(self, index: int, block: Payload) -> None:
         self.norm.open_block(index, "text")
-        self.norm.delta(index, "text", _text(block.get("text")))
+        self.norm.delta(index, "text", text_of(block.get("text")))
 
     def _open_thinking(self, index: int, block: Payload) -> None:
         self.norm.open_block(index, "reasoning")
-        self.norm.delta(index, "text", _text(block.get("thinking")))
-        self._hold(index, "signature", _text(block.get("signature")))
+        self.norm.delta(index, "text", text_of(block.get("thinking")))
+        self._hold(index, "signature", text_of(block.get("signature")))
 
     def _open_redacted(self, index: int, block: Payload) -> None:
         self.norm.open_block(index, "reasoning", redacted=True)
-        self.norm.delta(index, "signature", _text(block.get("data")))
+        self.norm.delta(index, "signature", text_of(block.get("data")))
 
     def _open_tool_use(self, index: int, block: Payload) -> None:
-        call_id = _text(block.get("id")) or f"toolu_fanout_{index}"
-        self.norm.open_block(index, "tool_call", call_id=call_id, name=_text(block.get("name")))
+        call_id = text_of(block.get("id")) or f"toolu_fanout_{index}"
+        self.norm.open_block(index, "tool_call", call_id=call_id, name=text_of(block.get("name")))
         given = block.get("input")
         if isinstance(given, dict) and given:
             self._hold(index, "json_text", msgspec.json.encode(given).decode())
@@ -263,9 +252,9 @@ class AnthropicAdapter(Adapter):
             self._pending[index] = (kind, text)
 
     def _on_block_delta(self, payload: Payload) -> None:
-        index = _index(payload)
-        delta = _object(payload, "delta")
-        delta_type = _text(delta.get("type")) or "untyped_delta"
+        index = block_index(payload)
+        delta = object_field(payload, "delta")
+        delta_type = text_of(delta.get("type")) or "untyped_delta"
         rule = DELTA_RULES.get(delta_type)
         if index in self._skipped:
             self.norm.ignore(f"{self._skipped[index]}.delta")
@@ -292,7 +281,7 @@ class AnthropicAdapter(Adapter):
             raise UpstreamProtocolError(f"upstream sent {delta_type} for a {kind} block")
 
     def _on_block_stop(self, payload: Payload) -> None:
-        index = _index(payload)
+        index = block_index(payload)
         if index in self._skipped:
             self.norm.ignore(f"{self._skipped[index]}.stop")
             return

@@ -1,8 +1,9 @@
 """Tables and small pure helpers of the Anthropic Messages adapter.
 
 Holds what :mod:`worker.adapters.anthropic` looks up: the stop-reason table, the
-error-type table, the delta table and the usage arithmetic (PROVIDERS.md sections 4
-and 6). Pure: imports no asyncio, aiohttp, redis or opentelemetry.
+error-type table, the delta table, the usage arithmetic (PROVIDERS.md sections 4
+and 6) and the readers of payload fields. Pure: imports no asyncio, aiohttp, redis or
+opentelemetry.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from typing import Any, Final, NamedTuple
 
 from schema.contract import BlockKind, DeltaKind, DoneStatus, ErrorCategory, FinishReason, Usage
+from schema.errors import UpstreamProtocolError
 
 
 class Stop(NamedTuple):
@@ -162,3 +164,37 @@ def usage_of(raw: dict[str, int]) -> Usage:
         cached_input_tokens=raw.get("cache_read_input_tokens"),
         reasoning_tokens=raw.get("thinking_tokens"),
     )
+
+
+def text_of(value: object) -> str:
+    """``value`` if it is a string, else ``""``."""
+    return value if isinstance(value, str) else ""
+
+
+def optional_text(value: object) -> str | None:
+    """``value`` if it is a string (empty included), else ``None``."""
+    return value if isinstance(value, str) else None
+
+
+def block_index(payload: dict[str, Any]) -> int:
+    """Return a content block event's ``index``.
+
+    Raises:
+        UpstreamProtocolError: Missing, not an integer, or negative.
+    """
+    index = payload.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise UpstreamProtocolError(f"upstream sent {payload.get('type')} without a valid index")
+    return index
+
+
+def object_field(payload: dict[str, Any], field: str) -> dict[str, Any]:
+    """Return the JSON object in ``payload[field]`` (``message``, ``content_block``, ``delta``).
+
+    Raises:
+        UpstreamProtocolError: Missing or not an object.
+    """
+    value = payload.get(field)
+    if not isinstance(value, dict):
+        raise UpstreamProtocolError(f"upstream sent {payload.get('type')} without a {field} object")
+    return value

@@ -80,12 +80,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
-from schema.contract import BlockKind, FinishReason
+from schema.contract import FinishReason
 from schema.errors import UpstreamProtocolError
 from worker.adapters.base import Adapter, Framing, parse_object
+from worker.adapters.gemini_blocks import PartBlocks
 from worker.adapters.gemini_parts import (
-    StreamedArgs,
-    args_text,
     as_list,
     error_info,
     finish_terminal,
@@ -110,11 +109,7 @@ class GeminiAdapter(Adapter):
 
     def __init__(self, normalizer: Normalizer, *, framing: Framing = "sse") -> None:
         super().__init__(normalizer, framing=framing)
-        self._open: tuple[int, BlockKind] | None = None
-        """The open text or reasoning block (key, kind); keys are contract indexes."""
-        self._streamed: tuple[int, StreamedArgs] | None = None
-        """The open Vertex streamed function call (key, its arguments so far)."""
-        self._signed: set[int] = set()
+        self._blocks = PartBlocks(normalizer)
         self._finish_raw: str | None = None
         self._response_id: str | None = None
         self._model: str | None = None
@@ -190,109 +185,16 @@ class GeminiAdapter(Adapter):
             self.norm.ignore("finishReason_not_final")
         handler = next((h for k, h in self._PARTS.items() if k in part), None)
         if handler is not None:
-            handler(self, part)
+            handler(self._blocks, part)
         elif part.keys() <= _INERT_KEYS and (signature := signature_of(part)):
-            self._loose_signature(signature)
+            self._blocks.loose_signature(signature)
         else:
             name = next((k for k in part if k not in _INERT_KEYS), "empty")
             self.norm.ignore(f"part:{name}")
 
-    def _text(self, part: dict[str, Any]) -> None:
-        text, signature = part["text"], signature_of(part)
-        if not isinstance(text, str):
-            raise UpstreamProtocolError("upstream sent a text part whose text is not a string")
-        if text == "":
-            if signature:
-                self._loose_signature(signature)
-            return
-        if self._streamed is not None:
-            raise UpstreamProtocolError("upstream sent text inside a streamed function call")
-        key = self._run_block("reasoning" if part.get("thought") is True else "text", signed=bool(signature))
-        self.norm.delta(key, "text", text)
-        if signature:
-            self._sign(key, signature)
-
-    def _run_block(self, kind: BlockKind, *, signed: bool) -> int:
-        """Return the open block of ``kind`` to merge into, or open a new one."""
-        if self._open is not None and self._open[1] == kind and not (signed and self._open[0] in self._signed):
-            return self._open[0]
-        self._close_open()
-        key = self.norm.block_count
-        self.norm.open_block(key, kind)
-        self._open = (key, kind)
-        return key
-
-    def _close_open(self) -> None:
-        if self._open is not None:
-            self.norm.close_block(self._open[0])
-            self._open = None
-
-    # -- signatures ----------------------------------------------------------
-
-    def _sign(self, key: int, signature: str) -> None:
-        self.norm.delta(key, "signature", signature)
-        self._signed.add(key)
-
-    def _loose_signature(self, signature: str) -> None:
-        """Put a signature from an empty part on the open block (never create one)."""
-        key = self._streamed[0] if self._streamed else (self._open[0] if self._open else None)
-        if key is None or key in self._signed:
-            self.norm.ignore("thoughtSignature_without_block")
-        else:
-            self._sign(key, signature)
-
-    # -- function calls ------------------------------------------------------
-
-    def _call(self, part: dict[str, Any]) -> None:
-        call, signature = part["functionCall"], signature_of(part)
-        if not isinstance(call, dict):
-            raise UpstreamProtocolError("upstream sent a functionCall that is not an object")
-        if self._streamed is not None:
-            self._continue_call(call, signature)
-            return
-        name = call.get("name")
-        if not isinstance(name, str) or not name:
-            self._nameless_call(call)
-            return
-        self._close_open()
-        key = self.norm.block_count
-        call_id = call.get("id")
-        self.norm.open_block(key, "tool_call", name=name,
-                             call_id=call_id if isinstance(call_id, str) and call_id else f"call_{key}")
-        if signature:
-            self._sign(key, signature)
-        if call.get("willContinue") is True:
-            self._streamed = (key, StreamedArgs(call.get("args")))
-            return
-        self.norm.delta(key, "json_text", args_text(call.get("args")))
-        self.norm.close_block(key)
-
-    def _nameless_call(self, call: dict[str, Any]) -> None:
-        if call.keys() - {"willContinue"}:
-            raise UpstreamProtocolError("upstream sent a functionCall without a name")
-        self.norm.ignore("functionCall_end_without_call")
-
-    def _continue_call(self, call: dict[str, Any], signature: str | None) -> None:
-        if call.get("name"):
-            raise UpstreamProtocolError("a function call began before the streamed one ended")
-        assert self._streamed is not None
-        for piece in as_list(call.get("partialArgs"), "functionCall.partialArgs"):
-            self._streamed[1].add(piece)
-        if signature:
-            self._loose_signature(signature)
-        if call.get("willContinue") is not True:
-            self._end_streamed()
-
-    def _end_streamed(self) -> None:
-        assert self._streamed is not None
-        key, args = self._streamed
-        self._streamed = None
-        self.norm.delta(key, "json_text", args.text())
-        self.norm.close_block(key)
-
-    _PARTS: ClassVar[dict[str, Callable[[GeminiAdapter, dict[str, Any]], None]]] = {
-        "text": _text,
-        "functionCall": _call,
+    _PARTS: ClassVar[dict[str, Callable[[PartBlocks, dict[str, Any]], None]]] = {
+        "text": PartBlocks.text,
+        "functionCall": PartBlocks.call,
     }
     """Part kind → handler; any other part (executableCode, inlineData, ...) is counted."""
 
@@ -314,12 +216,12 @@ class GeminiAdapter(Adapter):
             self.norm.fail(category="transport", finish_reason=reason,
                            message="upstream closed the connection after the finishReason, before the end of the body")
             return
-        if self._streamed is not None:
+        if self._blocks.streamed is not None:
             if status == "completed":
                 self.norm.fail(category="protocol", finish_reason=reason,
                                message="upstream ended the response inside a streamed function call")
                 return
-            self._end_streamed()
+            self._blocks.end_streamed()
         self.norm.close_all()
         self.norm.done(status=status, finish_reason=reason, provider_finish_reason=self._finish_raw,
                        response_id=self._response_id, model=self._model)

@@ -85,15 +85,14 @@ Quirks handled:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
-from schema.contract import BlockKind, FinishReason
+from schema.contract import FinishReason
 from schema.errors import UpstreamProtocolError
 from worker.adapters.base import Adapter, Framing, parse_object
+from worker.adapters.openai_chat_blocks import ChatBlocks
 from worker.adapters.openai_chat_parts import (
-    ToolCall,
-    arguments_text,
     map_finish,
     map_usage,
     nonempty,
@@ -102,7 +101,6 @@ from worker.adapters.openai_chat_parts import (
     reasoning_opaque,
     reasoning_text,
     text_of,
-    thought_signature,
     usage_of,
 )
 from worker.frames import Frame, SSEFrame
@@ -122,10 +120,7 @@ class OpenAIChatAdapter(Adapter):
         self._finish_raw: str | None = None
         self._response_id: str | None = None
         self._model: str | None = None
-        self._current: Hashable | None = None
-        self._current_kind: BlockKind | None = None
-        self._serial = 0
-        self._calls: dict[Hashable, ToolCall] = {}
+        self._blocks = ChatBlocks(normalizer)
         self._handlers: dict[str, Handler] = {
             "chunk": self._on_chunk,
             "error": self._on_error,
@@ -158,7 +153,7 @@ class OpenAIChatAdapter(Adapter):
     def _on_done(self) -> None:
         if self._finish_raw is None:
             raise UpstreamProtocolError("upstream sent [DONE] without a finish_reason")
-        self._check_calls_named()
+        self._blocks.check_calls_named()
         self.norm.close_all()
         status, reason = map_finish(self._finish_raw)
         self.norm.done(status=status, finish_reason=reason, provider_finish_reason=self._finish_raw,
@@ -227,82 +222,11 @@ class OpenAIChatAdapter(Adapter):
             return
         if not isinstance(delta, dict):
             raise UpstreamProtocolError("upstream sent a delta that is not an object")
-        self._run("reasoning", reasoning_text(delta))
-        self._reasoning_signature(reasoning_opaque(delta))
-        self._run("text", text_of(delta, "content"))
-        self._run("refusal", text_of(delta, "refusal"))
-        self._on_tool_calls(delta.get("tool_calls"))
+        self._blocks.run("reasoning", reasoning_text(delta))
+        self._blocks.reasoning_signature(reasoning_opaque(delta))
+        self._blocks.run("text", text_of(delta, "content"))
+        self._blocks.run("refusal", text_of(delta, "refusal"))
+        self._blocks.tool_calls(delta.get("tool_calls"))
         function_call = delta.get("function_call")
         if isinstance(function_call, dict):
-            self._on_fragment("function_call", {"function": function_call})
-
-    # -- blocks -------------------------------------------------------------
-
-    def _open_next(self, kind: BlockKind, *, call_id: str | None = None, name: str | None = None) -> Hashable:
-        """Close the open block and open the next one; return its key."""
-        if self._current is not None and self.norm.is_open(self._current):
-            self.norm.close_block(self._current)
-        self._serial += 1
-        key = (kind, self._serial)
-        self.norm.open_block(key, kind, call_id=call_id, name=name)
-        self._current, self._current_kind = key, kind
-        return key
-
-    def _run(self, kind: BlockKind, text: str) -> None:
-        if not text:
-            return
-        if self._current_kind != kind or self._current is None:
-            self._open_next(kind)
-        self.norm.delta(self._current, "text", text)
-
-    def _reasoning_signature(self, signature: str) -> None:
-        """Put Copilot's ``reasoning_opaque`` on the current reasoning block.
-
-        When no reasoning run is current (Gemini models on Copilot may send it with a
-        tool call and no reasoning text), it opens a reasoning block holding only the
-        signature, as a Responses reasoning item with an empty summary does.
-        """
-        if not signature:
-            return
-        if self._current_kind != "reasoning" or self._current is None:
-            self._open_next("reasoning")
-        self.norm.delta(self._current, "signature", signature)
-
-    def _on_tool_calls(self, fragments: Any) -> None:
-        if fragments is None:
-            return
-        if not isinstance(fragments, list) or not all(isinstance(f, dict) for f in fragments):
-            raise UpstreamProtocolError("upstream sent tool_calls that are not a list of objects")
-        for position, fragment in enumerate(fragments):
-            index = fragment.get("index")
-            self._on_fragment(index if isinstance(index, int) else position, fragment)
-
-    def _on_fragment(self, slot: Hashable, fragment: Payload) -> None:
-        call_id = nonempty(fragment.get("id"))
-        function = fragment.get("function")
-        function = function if isinstance(function, dict) else {}
-        call = self._calls.get(slot)
-        if call is None or (call_id and call.call_id and call_id != call.call_id):
-            self._retire(call)
-            call = self._calls[slot] = ToolCall(call_id)
-        call.call_id = call.call_id or call_id
-        call.name = call.name or nonempty(function.get("name"))
-        call.pending.append(("json_text", arguments_text(function.get("arguments"))))
-        call.pending.append(("signature", thought_signature(fragment)))
-        if call.key is None and call.name is not None:
-            call.call_id = call.call_id or f"call_fanout_{self.norm.block_count}"
-            call.key = self._open_next("tool_call", call_id=call.call_id, name=call.name)
-        if call.key is not None:
-            for kind, piece in call.pending:
-                self.norm.delta(call.key, kind, piece)
-            call.pending.clear()
-
-    @staticmethod
-    def _retire(call: ToolCall | None) -> None:
-        """Drop a call replaced at its index; one with arguments but no name is a violation."""
-        if call is not None and call.key is None and any(piece for _, piece in call.pending):
-            raise UpstreamProtocolError("upstream sent tool call arguments but never the call's name")
-
-    def _check_calls_named(self) -> None:
-        for call in self._calls.values():
-            self._retire(call)
+            self._blocks.fragment("function_call", {"function": function_call})

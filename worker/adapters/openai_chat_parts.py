@@ -2,21 +2,20 @@
 
 One job: turn single fields of a ``chat.completion.chunk`` (or of an error payload) into
 contract values: payload shapes, finish reasons, usage, error categories, reasoning
-text, tool arguments and signatures; plus :class:`ToolCall`, the record of one call
-being assembled. Every function here is pure and total over JSON input; a value of the wrong
-shape raises :class:`~schema.errors.UpstreamProtocolError` or reads as "absent".
-Follows PROVIDERS.md sections 2 and 6. Pure: imports no asyncio, aiohttp, redis or
-opentelemetry.
+text, tool arguments and signatures (the blocks they feed:
+:mod:`worker.adapters.openai_chat_blocks`). Every function here is pure and total over
+JSON input; a value of the wrong shape raises
+:class:`~schema.errors.UpstreamProtocolError` or reads as "absent". Follows PROVIDERS.md
+sections 2 and 6. Pure: imports no asyncio, aiohttp, redis or opentelemetry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from schema.contract import DeltaKind, DoneStatus, ErrorCategory, FinishReason, Usage
+from schema.contract import DoneStatus, ErrorCategory, FinishReason, Usage
 from schema.errors import UpstreamProtocolError
 
 FINISH: Final[dict[str, tuple[DoneStatus, FinishReason]]] = {
@@ -288,19 +287,3 @@ def payload_shape(payload: dict[str, Any]) -> str:
         return "error"
     label = payload.get("object") or payload.get("type")
     return label if isinstance(label, str) and label else "unknown_payload"
-
-
-class ToolCall:
-    """One tool call being assembled at a fragment index (PROVIDERS.md 2.4)."""
-
-    __slots__ = ("call_id", "key", "name", "pending")
-
-    def __init__(self, call_id: str | None) -> None:
-        self.call_id = call_id
-        """The provider's id, or a generated one once the block opens."""
-        self.name: str | None = None
-        """The function name; the first non-empty one wins (repeats are never appended)."""
-        self.key: Hashable | None = None
-        """The normalizer's block key once the block is open (a name arrived)."""
-        self.pending: list[tuple[DeltaKind, str]] = []
-        """Pieces received while no name is known, sent in order once the block opens."""

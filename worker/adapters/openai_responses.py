@@ -60,7 +60,7 @@ Quirks handled:
 * Reasoning: summary deltas or raw ``reasoning_text`` deltas (vLLM), one source per item
   (the first seen; the other's events are ignored and counted under their name);
   several parts join into one block, a blank line between non-empty parts
-  (:data:`~worker.adapters.openai_responses_parts.PART_SEPARATOR`); ``encrypted_content``
+  (:data:`~worker.adapters.openai_responses_blocks.PART_SEPARATOR`); ``encrypted_content``
   from ``output_item.done`` (``.added`` may hold a truncated prefix) is sent as one
   ``signature`` delta before the block closes, opening the block if it had no text.
 * Blocks close at ``content_part.done`` / ``output_item.done``. At completed/incomplete
@@ -82,12 +82,14 @@ Quirks handled:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from schema.contract import DoneStatus, FinishReason
 from schema.errors import UpstreamProtocolError
 from worker.adapters import openai_responses_parts as parts
 from worker.adapters.base import Adapter, Framing, parse_object
-from worker.adapters.openai_responses_parts import BLOCK_ITEMS, Item, ItemBlocks, Payload, Source
+from worker.adapters.openai_responses_blocks import ItemBlocks
+from worker.adapters.openai_responses_parts import BLOCK_ITEMS, Item, Items, Payload, Source
 from worker.frames import Frame, SSEFrame
 from worker.normalizer import Normalizer
 
@@ -103,36 +105,20 @@ class OpenAIResponsesAdapter(Adapter):
         super().__init__(normalizer, framing=framing)
         self._response_id: str | None = None
         self._model: str | None = None
-        self._items: dict[int, Item] = {}
-        """output_index → the item announced there (items are keyed by position)."""
-        self._ids: dict[str, int] = {}
-        """item id → output_index, for an event that carries no ``output_index``."""
+        self._items = Items()
         self._blocks = ItemBlocks(normalizer)
         self._handlers: dict[str, Handler] = {
-            "response.created": self._on_snapshot,
-            "response.in_progress": self._on_snapshot,
-            "response.queued": self._on_snapshot,
+            **dict.fromkeys(parts.SNAPSHOT_EVENTS, self._on_snapshot),
             "response.output_item.added": self._on_item_added,
             "response.output_item.done": self._on_item_done,
             "response.content_part.added": self._on_part_added,
             "response.content_part.done": self._on_part_done,
-            "response.output_text.delta": lambda p: self._part(p, "output_text", "delta"),
-            "response.output_text.done": lambda p: self._part(p, "output_text", "text"),
-            "response.refusal.delta": lambda p: self._part(p, "refusal", "delta"),
-            "response.refusal.done": lambda p: self._part(p, "refusal", "refusal"),
+            **{name: partial(self._part, part_type=t, field=f) for name, (t, f) in parts.PART_EVENTS.items()},
             "response.function_call_arguments.delta": self._on_arguments_delta,
             "response.function_call_arguments.done": self._on_arguments_done,
             "response.reasoning_summary_part.added": lambda p: None,
-            "response.reasoning_summary_part.done": lambda p: self._reasoning(p, "summary", "part"),
-            "response.reasoning_summary_text.delta": lambda p: self._reasoning(p, "summary", "delta"),
-            "response.reasoning_summary_text.done": lambda p: self._reasoning(p, "summary", "text"),
-            "response.reasoning_text.delta": lambda p: self._reasoning(p, "raw", "delta"),
-            "response.reasoning_text.done": lambda p: self._reasoning(p, "raw", "text"),
-            "response.completed": self._on_terminal,
-            "response.incomplete": self._on_terminal,
-            "response.failed": self._on_terminal,
-            "response.cancelled": self._on_terminal,
-            "response.done": self._on_terminal,
+            **{name: partial(self._reasoning, source=s, field=f) for name, (s, f) in parts.REASONING_EVENTS.items()},
+            **dict.fromkeys(parts.TERMINAL_EVENTS, self._on_terminal),
             "error": self._on_error,
             "keepalive": lambda p: self.norm.ignore("keepalive"),
         }
@@ -156,35 +142,6 @@ class OpenAIResponsesAdapter(Adapter):
 
     # -- items --------------------------------------------------------------
 
-    def _lookup(self, payload: Payload) -> Item | None:
-        """Return the item an event addresses: by ``output_index``, by ``item_id`` only without one.
-
-        ``item_id`` is advisory: relays rotate it on every event (PROVIDERS.md 3.5,
-        amended; vercel/ai PR #18548), so it never overrides the position.
-        """
-        output_index = payload.get("output_index")
-        if not isinstance(output_index, int) or isinstance(output_index, bool):
-            item_id = payload.get("item_id")
-            output_index = self._ids.get(item_id) if isinstance(item_id, str) else None
-        return None if output_index is None else self._items.get(output_index)
-
-    def _resolve(self, payload: Payload, kind: str) -> Item:
-        item, what = self._lookup(payload), payload.get("type")
-        if item is None:
-            raise UpstreamProtocolError(f"upstream sent {what} for an output item it never announced")
-        if item.kind != kind:
-            raise UpstreamProtocolError(f"upstream sent {what} for a {item.kind} item")
-        if item.done:
-            raise UpstreamProtocolError(f"upstream sent {what} after the item was done")
-        return item
-
-    def _register(self, output_index: int, item: Payload) -> Item:
-        entry = Item(key=f"#{output_index}", kind=parts.item_type(item), output_index=output_index)
-        self._items[output_index] = entry
-        if (item_id := parts.optional(item.get("id"))) is not None:
-            self._ids[item_id] = output_index
-        return entry
-
     def _on_item_added(self, payload: Payload) -> None:
         output_index = parts.index(payload, "output_index")
         item = parts.obj(payload.get("item"))
@@ -194,7 +151,7 @@ class OpenAIResponsesAdapter(Adapter):
                 raise UpstreamProtocolError(f"upstream announced a second item at output_index {output_index}")
             self.norm.ignore("response.output_item.added.duplicate")
             return
-        entry = self._register(output_index, item)
+        entry = self._items.register(output_index, item)
         if entry.kind == "function_call":
             entry.call_id, entry.name = parts.optional(item.get("call_id")), parts.optional(item.get("name"))
             self._blocks.open_call(entry)
@@ -205,7 +162,7 @@ class OpenAIResponsesAdapter(Adapter):
         self._finish_item(parts.index(payload, "output_index"), parts.obj(payload.get("item")))
 
     def _finish_item(self, output_index: int, item: Payload) -> None:
-        entry = self._items.get(output_index) or self._register(output_index, item)
+        entry = self._items.get(output_index) or self._items.register(output_index, item)
         if entry.done:
             self.norm.ignore(f"{entry.kind}.done.duplicate")
             return
@@ -222,7 +179,7 @@ class OpenAIResponsesAdapter(Adapter):
     # -- message content parts, arguments, reasoning ------------------------
 
     def _part_entry(self, payload: Payload, part_type: str) -> tuple[Item, int]:
-        entry = self._resolve(payload, "message")
+        entry = self._items.resolve(payload, "message")
         content_index = parts.index(payload, "content_index")
         if content_index in entry.closed_parts:
             raise UpstreamProtocolError(f"upstream sent {payload.get('type')} for a finished content part")
@@ -242,7 +199,7 @@ class OpenAIResponsesAdapter(Adapter):
     def _on_part_added(self, payload: Payload) -> None:
         part = parts.obj(payload.get("part"))
         part_type = parts.text(part.get("type"))
-        entry = self._lookup(payload)
+        entry = self._items.lookup(payload)
         if entry is not None and entry.kind == "reasoning":
             return
         if part_type not in parts.PART_KINDS:
@@ -263,14 +220,14 @@ class OpenAIResponsesAdapter(Adapter):
         self._blocks.close_part(*self._part_entry(payload, part_type))
 
     def _on_arguments_delta(self, payload: Payload) -> None:
-        self._blocks.call_delta(self._resolve(payload, "function_call"), parts.text(payload.get("delta")))
+        self._blocks.call_delta(self._items.resolve(payload, "function_call"), parts.text(payload.get("delta")))
 
     def _on_arguments_done(self, payload: Payload) -> None:
-        entry = self._resolve(payload, "function_call")
+        entry = self._items.resolve(payload, "function_call")
         self._blocks.settle_call(entry, payload.get("arguments"), payload.get("name"), None)
 
     def _reasoning(self, payload: Payload, source: Source, field: str) -> None:
-        entry = self._resolve(payload, "reasoning")
+        entry = self._items.resolve(payload, "reasoning")
         if entry.source not in (None, source):
             self.norm.ignore(parts.text(payload.get("type")))
             return
