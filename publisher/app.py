@@ -27,13 +27,28 @@ from opentelemetry import metrics, trace
 
 from publisher.accesslog import MaskedAccessLogger
 from publisher.edge import install_log_filter
+from publisher.fair_share import FairShares
 from publisher.hub import Hub
 from publisher.limits import ConnectionGate
 from publisher.middleware import add_cors_headers, edge_middleware
 from publisher.reader import Reader
+from publisher.reader_budget import ReaderBudget
 from publisher.routes import setup_routes
 from publisher.settings import PublisherSettings, resolve_secrets
-from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
+from publisher.state import (
+    BUDGET,
+    FAIR_SHARES,
+    GATE,
+    HUB,
+    KEYS,
+    REDIS,
+    SETTINGS,
+    SHARDS,
+    STATUS_CACHE,
+    STORE,
+    TELEMETRY,
+)
+from publisher.status_cache import StatusCache
 from publisher.store import Store
 from publisher.submit import JobShards, announce_shards
 from publisher.telemetry import Telemetry
@@ -68,7 +83,8 @@ def create_app(
         wrap_redis: Wraps the command client used for stream reads and writes.
 
     Raises:
-        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode.
+        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode, or a
+            ``FANOUT_TRUSTED_PROXIES`` entry that is no address or network.
     """
     settings = resolve_secrets(settings)
     app = web.Application(
@@ -82,6 +98,9 @@ def create_app(
     app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
     app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)
+    app[FAIR_SHARES] = FairShares(settings)
+    app[BUDGET] = ReaderBudget(settings.reader_budget_bytes, settings.readers_budget_bytes,
+                               settings.reader_stall_ms / 1000, app[TELEMETRY])
     app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))
     app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(close_streams)
@@ -104,6 +123,7 @@ def _redis_context(
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page,
                                      cluster=settings.redis_cluster)
+        app[STATUS_CACHE] = StatusCache(store, app[TELEMETRY], settings.status_cache_bytes, settings.status_assemblies)
         await announce_shards(client, app[SHARDS])
         try:
             mode = await live_mode(client, settings.live_pubsub)  # as the workers decide it

@@ -1,7 +1,10 @@
 """``GET /v1/streams/{stream_id}`` (status and assembled result), ``POST .../cancel``, health routes.
 
 The result is the reducer's (schema.reducer) over the stored events the reader may see:
-a ``public`` reader's result has no internal reasoning block. Cancel follows the
+a ``public`` reader's result has no internal reasoning block. It is assembled once per
+stream, projection and epoch, shared by concurrent requests and kept
+(:mod:`publisher.status_cache`); a credential has at most ``FANOUT_MAX_STATUS_READS_PER_*``
+requests in flight (:mod:`publisher.fair_share`, 429 past it), ``/readyz`` per client address. Cancel follows the
 protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
 on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
 
@@ -12,18 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from aiohttp import web
 
 from publisher.auth import authorize_read, require_api_key
+from publisher.fair_share import Claim, Route, ShareExceededError
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
-from publisher.state import KEYS, REDIS, SETTINGS, SHARDS, STORE
+from publisher.state import FAIR_SHARES, KEYS, REDIS, SETTINGS, SHARDS, STATUS_CACHE, STORE, TELEMETRY
 from publisher.tokens import Scope
-from schema.contract import BlockDelta, BlockStart, BlockStop, Event, decode_event
-from schema.reducer import Assembler, result_to_builtins
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
 from worker.redis_client import REDIS_ERRORS, cluster_problems
@@ -33,33 +35,37 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S: Final = 2.0
 """Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
+_encoder: Final = msgspec.json.Encoder()
 
 
-def _visible(event: Event, scope: Scope, internal: set[int]) -> bool:
-    if scope == "internal":
-        return True
-    if isinstance(event, BlockStart) and event.block.kind == "reasoning" and event.visibility == "internal":
-        internal.add(event.block.index)
-    if isinstance(event, BlockStart | BlockDelta | BlockStop):
-        return event.block.index not in internal
-    return True
+def _claim(request: web.Request, route: Route, *, anonymous: bool = False) -> Claim:
+    """Take the request's place under its credential (or address), counting a refusal.
+
+    Raises:
+        ShareExceededError: 429 ``too-many-requests``, with ``Retry-After``.
+    """
+    try:
+        return request.app[FAIR_SHARES].claim(request, route, anonymous=anonymous)
+    except ShareExceededError:
+        request.app[TELEMETRY].throttled.add(1, {"route": route})
+        raise
 
 
-async def _assemble(request: web.Request, stream_id: str,
-                    scope: Scope) -> tuple[dict[str, Any], bool, int]:
-    """Return the result of the visible stored events, whether they ran 1, 2, ... unbroken, the last seq (0: none)."""
-    assembler, internal, last_seq = Assembler(stream_id), set[int](), 0
-    whole = True
-    async for seq, data in request.app[STORE].read_json(stream_id):
-        whole = whole and seq == last_seq + 1
-        last_seq = seq
-        try:
-            event = decode_event(data)
-        except (msgspec.DecodeError, RecursionError):  # not an event, or nested past the decoder's limit
-            continue
-        if event is not None and _visible(event, scope, internal):
-            assembler.apply(event)
-    return result_to_builtins(assembler.result()), whole, last_seq
+async def send_json(request: web.Request, body: bytes) -> web.Response:
+    """Write a ``200`` JSON ``body`` now, within ``FANOUT_WRITE_TIMEOUT_S`` (else the connection is dropped).
+
+    The response is written before the handler returns, so the request's place under its
+    credential is held until its body is out: a client that stops reading holds its place.
+    """
+    response = web.Response(body=body, content_type="application/json")
+    try:
+        async with asyncio.timeout(request.app[SETTINGS].write_timeout_s):
+            await response.prepare(request)
+            await response.write_eof()
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+    return response
 
 
 async def stream_status(request: web.Request) -> web.Response:
@@ -74,35 +80,44 @@ async def stream_status(request: web.Request) -> web.Response:
     as ``done`` with the result's status and the last seq read.
 
     Raises:
-        ProblemError: 401/403 (credentials), 404 (unknown stream).
+        ProblemError: 401/403 (credentials), 404 (unknown stream), 429 (the credential's
+            ``FANOUT_MAX_STATUS_READS_PER_*`` requests are in flight).
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
+    claim = _claim(request, "status")
+    try:
+        return await send_json(request, await _status_body(request, stream_id, scope))
+    finally:
+        claim.release()
+
+
+async def _status_body(request: web.Request, stream_id: str, scope: Scope) -> bytes:
     info = await request.app[STORE].info(stream_id)
     if not info.known:
         if not info.tomb:
             raise ProblemError("not-found", f"no stream {stream_id}")
-        return web.json_response({
+        return _encoder.encode({
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
             "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
         })
-    result, whole, read_seq = await _assemble(request, stream_id, scope)
+    result = await request.app[STATUS_CACHE].snapshot(stream_id, scope, info)
     meta = info.meta
     created_ms = meta.get("created_ms")
     # The events are read after meta: a terminal event stored in between is in the result but not in
     # what meta said, so the stream reads as ended then too (never "running" beside a finished result).
-    ended = info.terminal or result["status"] != "running"
-    return web.json_response({
+    ended = info.terminal or result.status != "running"
+    return _encoder.encode({
         "stream_id": stream_id,
         "state": "done" if ended else meta.get("state") or "running",
-        "status": meta.get("status") or (result["status"] if ended else None),
-        "last_seq": max(info.last_seq, read_seq),
+        "status": meta.get("status") or (result.status if ended else None),
+        "last_seq": max(info.last_seq, result.read_seq),
         "provider": meta.get("provider"),
         "model": meta.get("model"),
         "created_ms": int(created_ms) if created_ms else None,
         # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all)
-        "history_complete": whole and read_seq >= info.last_seq,
-        "result": result,
+        "history_complete": result.whole and result.read_seq >= info.last_seq,
+        "result": msgspec.Raw(result.body),
     })
 
 
@@ -143,9 +158,20 @@ async def readyz(request: web.Request) -> web.Response:
     started before Redis, or a Redis that came back empty, is ready without waiting for
     a worker: submissions are kept from id 0 for the first worker to read.
 
+    At most ``FANOUT_MAX_STATUS_READS_PER_ADDRESS`` run at once per client address (it
+    takes no credential); one more is a 429 ``too-many-requests``.
+
     Raises:
-        ProblemError: 503 ``redis-unavailable`` naming what failed.
+        ProblemError: 503 ``redis-unavailable`` naming what failed; 429 as said.
     """
+    claim = _claim(request, "status", anonymous=True)
+    try:
+        return await _ready(request)
+    finally:
+        claim.release()
+
+
+async def _ready(request: web.Request) -> web.Response:
     redis, keys = request.app[REDIS], request.app[KEYS]
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):

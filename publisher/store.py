@@ -287,9 +287,9 @@ class Store:
         """Return True when the stream's events key still exists."""
         return bool(await self.redis.exists(self.keys.events(stream_id)))
 
-    async def read_json(self, stream_id: str) -> AsyncIterator[tuple[int, bytes]]:
-        """Yield ``(seq, event JSON)`` of every stored entry, paged, for the status route."""
-        cursor = 0
+    async def read_json(self, stream_id: str, after_seq: int = 0) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(seq, event JSON)`` of every stored entry with seq > ``after_seq``, paged, for the status route."""
+        cursor = after_seq
         while True:
             raw = await self._xrange(stream_id, cursor, self.page)
             for entry_id, fields in raw:
