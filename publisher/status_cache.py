@@ -127,6 +127,8 @@ class StatusCache:
         self._kept: OrderedDict[Key, _Assembly] = OrderedDict()
         self.bytes = 0
         """Estimated memory of the results kept, bytes."""
+        self.waiting = 0
+        """Assemblies waiting for a turn to read (``FANOUT_STATUS_ASSEMBLIES`` are reading)."""
 
     async def snapshot(self, stream_id: str, scope: Scope, info: StreamInfo) -> Snapshot:
         """Return the result of ``stream_id`` for ``scope`` holding at least every event up to ``info.last_seq``.
@@ -157,11 +159,18 @@ class StatusCache:
 
     async def _advance(self, assembly: _Assembly) -> None:
         """Read the events stored after the assembly's last seq, apply them, take the result."""
-        async with self._reads:
+        self.waiting += 1
+        try:
+            await self._reads.acquire()
+        finally:
+            self.waiting -= 1
+        try:
             full = assembly.read_seq == 0
             async for seq, data in self._store.read_json(assembly.stream_id, assembly.read_seq):
                 assembly.apply(seq, data)
             assembly.seal()
+        finally:
+            self._reads.release()
         self._telemetry.status_assemblies["full" if full else "incremental"] += 1
 
     def _resize(self, key: Key, assembly: _Assembly) -> None:
