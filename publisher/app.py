@@ -98,7 +98,7 @@ def create_app(
     app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
     app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)
-    app[FAIR_SHARES] = FairShares(settings)
+    app[FAIR_SHARES] = FairShares(settings, app[TELEMETRY].shares_refused)
     app[BUDGET] = ReaderBudget(settings.reader_budget_bytes, settings.readers_budget_bytes,
                                settings.reader_stall_ms / 1000, app[TELEMETRY])
     app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))

@@ -36,7 +36,7 @@ from opentelemetry import trace
 
 from publisher.auth import authorize_read
 from publisher.entries import Entry, Page
-from publisher.fair_share import Claim, ShareExceededError
+from publisher.fair_share import Claim
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
@@ -118,7 +118,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     reached (``FANOUT_MAX_CONNECTIONS_PER_*``, :mod:`publisher.fair_share`), shutting down,
     Redis pool busy or unreachable, live subscription not confirmed) is never a status
     that makes EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered
-    around ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`). A 200 event stream is returned
+    around ``FANOUT_BUSY_RETRY_AFTER_S`` (``FANOUT_SHARE_RETRY_AFTER_S`` past the credential's
+    own limit: :func:`busy_stream`). A 200 event stream is returned
     prepared (headers sent) and its body written afterwards (:class:`EventStream`).
 
     Raises:
@@ -130,12 +131,11 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
     if position > 0:
         telemetry.resumes.add(1)
-    try:
-        claim = request.app[FAIR_SHARES].claim(request, "sse")
-    except ShareExceededError:
-        telemetry.throttled.add(1, {"route": "sse"})
+    shares = request.app[FAIR_SHARES]
+    claim = shares.take(request, "sse")
+    if claim is None:
         telemetry.refusal("too-many-requests")
-        return await busy_stream(request, "too-many-requests")
+        return await busy_stream(request, "too-many-requests", shares.retry_after_s)
     gate = request.app[GATE]
     refusal = gate.try_acquire()
     if refusal is not None:
@@ -161,14 +161,17 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             claim.release()
 
 
-async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
+async def busy_stream(request: web.Request, reason: str, retry_after_s: float | None = None) -> web.StreamResponse:
     """Answer 200 with only a ``retry:`` hint (about ``FANOUT_BUSY_RETRY_AFTER_S``, jittered ±50 %), then end.
 
     Args:
         request: The SSE request turned away.
         reason: Problem slug of the transient condition (``too-many-connections``, ...).
+        retry_after_s: The delay to hint instead, seconds (``FANOUT_SHARE_RETRY_AFTER_S``
+            for ``too-many-requests``).
     """
-    retry_ms = int(request.app[SETTINGS].busy_retry_after_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
+    delay_s = request.app[SETTINGS].busy_retry_after_s if retry_after_s is None else retry_after_s
+    retry_ms = int(delay_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
     response = web.Response(status=200, headers=SSE_HEADERS, body=busy_body(retry_ms, reason))
     response.force_close()
     return response

@@ -15,8 +15,9 @@ for two routes: ``sse`` (open ``/events`` and ``/ui`` responses: ``MAX_CONNECTIO
 ``status`` (``GET /v1/streams/{id}`` in flight, and ``GET /readyz`` per address:
 ``MAX_STATUS_READS_*``). Limits are inclusive: the request that would hold one place more
 than the limit is refused (:class:`ShareExceededError`, a 429 ``too-many-requests`` with
-``Retry-After``; the SSE routes turn it into their busy answer), so one credential at its
-limit never takes what others are served with. Only credentials that
+``Retry-After``; ``/events`` answers its busy 200 instead), both hinting
+``FANOUT_SHARE_RETRY_AFTER_S``; so one credential at its limit never takes what others are
+served with. Only credentials that
 :func:`publisher.auth.authorize_read` accepted are counted by digest (BLAKE2b, 16 bytes:
 the credential itself is never kept). The client address is the socket's peer; only when
 the peer is one of ``FANOUT_TRUSTED_PROXIES`` is it the rightmost ``X-Forwarded-For``
@@ -103,13 +104,15 @@ class FairShares:
 
     Args:
         settings: The limits (``max_connections_per_*``, ``max_status_reads_per_*``), the
-            trusted proxies and ``busy_retry_after_s`` (the ``Retry-After`` of a refusal).
+            trusted proxies and ``share_retry_after_s`` (the ``Retry-After`` of a refusal).
+        refused: Refusals counted per route (``Telemetry.shares_refused``: plain ints the
+            meter reads, so a refusal costs no metrics call).
 
     Raises:
         SettingsError: A ``FANOUT_TRUSTED_PROXIES`` entry that is no address or network.
     """
 
-    def __init__(self, settings: PublisherSettings) -> None:
+    def __init__(self, settings: PublisherSettings, refused: dict[str, int] | None = None) -> None:
         self._limits: dict[tuple[Route, Kind], int] = {
             ("sse", "token"): settings.max_connections_per_token,
             ("sse", "key"): settings.max_connections_per_key,
@@ -119,29 +122,44 @@ class FairShares:
             ("status", "address"): settings.max_status_reads_per_address,
         }
         self._proxies = proxy_networks(settings.trusted_proxies)
-        self._retry_after_s = settings.busy_retry_after_s
+        self.retry_after_s = settings.share_retry_after_s
+        """The ``Retry-After`` of a refusal (``FANOUT_SHARE_RETRY_AFTER_S``), seconds."""
+        self._refused = refused if refused is not None else {}
         self._counts: dict[Holder, int] = {}
 
-    def claim(self, request: web.Request, route: Route, *, anonymous: bool = False) -> Claim:
-        """Take one place for ``request`` on ``route``; the caller releases it when the response ends.
+    def take(self, request: web.Request, route: Route, *, anonymous: bool = False) -> Claim | None:
+        """Take one place for ``request`` on ``route``, or return ``None`` when its holder has its limit.
+
+        The caller releases a place taken when the response ends.
 
         Args:
             request: A request whose credential (if any) was accepted.
             route: ``sse`` or ``status``.
             anonymous: Count it under the client address whatever it carries (a route that
                 checks no credential must not count one it never verified).
+        """
+        holder: Holder = (route, *self._holder(request, anonymous))
+        held = self._counts.get(holder, 0)
+        if held >= self._limits[route, holder[1]]:
+            self._refused[route] = self._refused.get(route, 0) + 1
+            return None
+        self._counts[holder] = held + 1
+        return Claim(self._counts, holder)
+
+    def claim(self, request: web.Request, route: Route, *, anonymous: bool = False) -> Claim:
+        """Take one place as :meth:`take` does, or refuse with the problem owed.
 
         Raises:
             ShareExceededError: The holder already has its limit of places on ``route``.
         """
-        kind, ident = ("address", self.client_address(request)) if anonymous else self.identity(request)
-        holder: Holder = (route, kind, ident)
-        held = self._counts.get(holder, 0)
-        limit = self._limits[route, kind]
-        if held >= limit:
-            raise ShareExceededError(route, kind, limit, self._retry_after_s)
-        self._counts[holder] = held + 1
-        return Claim(self._counts, holder)
+        claim = self.take(request, route, anonymous=anonymous)
+        if claim is None:
+            kind = self._holder(request, anonymous)[0]
+            raise ShareExceededError(route, kind, self._limits[route, kind], self.retry_after_s)
+        return claim
+
+    def _holder(self, request: web.Request, anonymous: bool) -> tuple[Kind, bytes | str]:
+        return ("address", self.client_address(request)) if anonymous else self.identity(request)
 
     def held(self, route: Route) -> int:
         """Return how many places are held on ``route``, by every holder together."""

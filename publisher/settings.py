@@ -68,7 +68,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_connections_per_address: Positive = 32
     """Open SSE responses per client address for requests without a credential (today every SSE
     route refuses those with a 401 first, so none is ever counted); see ``trusted_proxies``."""
-    max_status_reads_per_token: Positive = 4
+    max_status_reads_per_token: Positive = 2
     """Status requests (``GET /v1/streams/{id}``) in flight per read token, counted from the
     request's arrival until its body is written; one more is answered 429 ``too-many-requests``
     with ``Retry-After``."""
@@ -77,6 +77,12 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_status_reads_per_address: Positive = 8
     """Requests without a credential that read Redis for their answer (``GET /readyz``) in flight
     per client address, answered as past ``max_status_reads_per_token``."""
+    share_retry_after_s: Positive = 30
+    """Reconnection delay hinted to a request refused for its credential's (or address's) limit,
+    seconds: ``Retry-After`` of the 429, and the ``retry:`` of the ``/events`` busy answer
+    (jittered ±50 %). Long, because every client past the limit comes back after it (an
+    EventSource reconnects after its ``retry:``): 10,000 connections of one token past its
+    limit cost about 330 refusals a second at 30 s, 5,000 at 2 s."""
     trusted_proxies: list[str] = msgspec.field(default_factory=list)
     """Addresses or networks (CIDR, comma-separated) of the reverse proxies in front of the
     publisher. A request whose peer is one of them is counted under the rightmost

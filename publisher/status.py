@@ -21,10 +21,9 @@ import msgspec
 from aiohttp import web
 
 from publisher.auth import authorize_read, require_api_key
-from publisher.fair_share import Claim, Route, ShareExceededError
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
-from publisher.state import FAIR_SHARES, KEYS, REDIS, SETTINGS, SHARDS, STATUS_CACHE, STORE, TELEMETRY
+from publisher.state import FAIR_SHARES, KEYS, REDIS, SETTINGS, SHARDS, STATUS_CACHE, STORE
 from publisher.tokens import Scope
 from worker.error_policy import safe_message
 from worker.intake import missing_groups, streams_in_use
@@ -36,19 +35,6 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S: Final = 2.0
 """Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
 _encoder: Final = msgspec.json.Encoder()
-
-
-def _claim(request: web.Request, route: Route, *, anonymous: bool = False) -> Claim:
-    """Take the request's place under its credential (or address), counting a refusal.
-
-    Raises:
-        ShareExceededError: 429 ``too-many-requests``, with ``Retry-After``.
-    """
-    try:
-        return request.app[FAIR_SHARES].claim(request, route, anonymous=anonymous)
-    except ShareExceededError:
-        request.app[TELEMETRY].throttled.add(1, {"route": route})
-        raise
 
 
 async def send_json(request: web.Request, body: bytes) -> web.Response:
@@ -85,7 +71,7 @@ async def stream_status(request: web.Request) -> web.Response:
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
-    claim = _claim(request, "status")
+    claim = request.app[FAIR_SHARES].claim(request, "status")
     try:
         return await send_json(request, await _status_body(request, stream_id, scope))
     finally:
@@ -164,7 +150,7 @@ async def readyz(request: web.Request) -> web.Response:
     Raises:
         ProblemError: 503 ``redis-unavailable`` naming what failed; 429 as said.
     """
-    claim = _claim(request, "status", anonymous=True)
+    claim = request.app[FAIR_SHARES].claim(request, "status", anonymous=True)
     try:
         return await _ready(request)
     finally:

@@ -107,8 +107,10 @@ class Telemetry:
 
     def _fair_share_instruments(self, meter: metrics.Meter) -> None:
         """Instruments of the fair shares, the status results and the readers' memory budgets."""
-        self.throttled = meter.create_counter(
-            "fanout.fair_share.refused", unit="{request}",
+        self.shares_refused: dict[str, int] = dict.fromkeys(SHARE_ROUTES, 0)
+        """Requests refused for their credential's (or address's) limit, by route (plain ints)."""
+        meter.create_observable_counter(
+            "fanout.fair_share.refused", callbacks=[self._observe_shares_refused], unit="{request}",
             description="Requests refused for holding their credential's (or address's) limit, by route")
         self.status_assemblies: dict[str, int] = dict.fromkeys(ASSEMBLY_KINDS, 0)
         """Reads of stored events by the status route: ``full`` (from seq 1) or ``incremental``."""
@@ -137,8 +139,6 @@ class Telemetry:
             self.gone.add(0, {"cause": cause})
         for reason in REFUSALS:
             self.refused.add(0, {"reason": reason})
-        for route in SHARE_ROUTES:
-            self.throttled.add(0, {"route": route})
         for budget in BUDGETS:
             self.budget_drops.add(0, {"budget": budget})
         for kind in REDIS_ERROR_KINDS:
@@ -147,6 +147,10 @@ class Telemetry:
     def _observe_delivered(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         """Report :attr:`delivered` to the meter (monotonic totals, one point per phase)."""
         return [metrics.Observation(count, {"phase": phase}) for phase, count in self.delivered.items()]
+
+    def _observe_shares_refused(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        """Report :attr:`shares_refused` to the meter (monotonic totals, one point per route)."""
+        return [metrics.Observation(count, {"route": route}) for route, count in self.shares_refused.items()]
 
     def _observe_assemblies(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         """Report :attr:`status_assemblies` to the meter (monotonic totals, one point per kind)."""

@@ -43,13 +43,12 @@ from aiohttp import web
 from publisher.auth import authorize_read
 from publisher.entries import Entry
 from publisher.events import check_first_page
-from publisher.fair_share import ShareExceededError
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
 from publisher.reader_budget import ReaderBudget, Waiting, page_bytes
 from publisher.sse import PING
-from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE, TELEMETRY
+from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
 from publisher.visibility import Projection
 from schema.contract import decode_event
@@ -85,11 +84,7 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
     resume = request.query.get("resume", "") in ("1", "true")
-    try:
-        claim = request.app[FAIR_SHARES].claim(request, "sse")
-    except ShareExceededError:
-        request.app[TELEMETRY].throttled.add(1, {"route": "sse"})
-        raise
+    claim = request.app[FAIR_SHARES].claim(request, "sse")
     gate = request.app[GATE]
     refusal = gate.try_acquire()
     if refusal is not None:

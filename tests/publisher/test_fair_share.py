@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from publisher.settings import settings_from_env
-from publisher.state import FAIR_SHARES
+from publisher.state import FAIR_SHARES, TELEMETRY
 from schema.settings import SettingsError
 from tests.publisher.helpers import (
     API_KEY,
@@ -64,7 +64,7 @@ async def assert_too_many(resp: aiohttp.ClientResponse, setting: str, limit: int
 @pytest.mark.parametrize("kind", ["token", "key"])
 async def test_open_event_streams_per_credential_at_the_limit_and_one_past(ctx, kind):
     limits = {"max_connections_per_token": 2} if kind == "token" else {"max_connections_per_key": 2}
-    server = await ctx.start_app(make_settings(**limits, busy_retry_after_s=3))
+    server = await ctx.start_app(make_settings(**limits, share_retry_after_s=3, busy_retry_after_s=1))
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
     url = server.url(f"/v1/streams/{ctx.sid}/events")
     mine = token_for(ctx.sid) if kind == "token" else API_KEY
@@ -73,9 +73,10 @@ async def test_open_event_streams_per_credential_at_the_limit_and_one_past(ctx, 
     async with ctx.http.get(url, headers=bearer(mine)) as resp:  # one past: 200, a retry hint, the end
         assert (resp.status, resp.content_type) == (200, "text/event-stream")
         messages = await busy_messages(resp)
-    assert 1500 <= int(messages[0]["retry"]) <= 4500  # 3 s, jittered by half
+    assert 1500 <= int(messages[0]["retry"]) <= 4500  # FANOUT_SHARE_RETRY_AFTER_S (3 s), jittered by half
     assert "busy: too-many-requests" in messages[1]["comment"]
     assert not [m for m in messages if "id" in m or "data" in m]
+    assert server.app[TELEMETRY].shares_refused == {"sse": 1, "status": 0}  # fanout.fair_share.refused
     held.append(await open_events(ctx.http, url, other))  # another credential is served meanwhile
     held.pop(0).close()
     await eventually(lambda: server.app[FAIR_SHARES].held("sse") == 2)  # the server saw the client leave
@@ -85,7 +86,7 @@ async def test_open_event_streams_per_credential_at_the_limit_and_one_past(ctx, 
 
 
 async def test_ui_and_events_count_together_and_ui_answers_429_past_the_limit(ctx):
-    server = await ctx.start_app(make_settings(max_connections_per_token=2, busy_retry_after_s=4))
+    server = await ctx.start_app(make_settings(max_connections_per_token=2, share_retry_after_s=4))
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
     token = token_for(ctx.sid)
     events = await open_events(ctx.http, server.url(f"/v1/streams/{ctx.sid}/events"), token)
@@ -164,7 +165,7 @@ async def gated_server(ctx) -> Any:
 @pytest.mark.parametrize("kind", ["token", "key"])
 async def test_status_requests_in_flight_per_credential_at_the_limit_and_one_past(ctx, gated_server, kind):
     setting = "max_status_reads_per_token" if kind == "token" else "max_status_reads_per_key"
-    server, gate = await gated_server(**{setting: 2}, busy_retry_after_s=5)
+    server, gate = await gated_server(**{setting: 2}, share_retry_after_s=5)
     await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 3))
     url = server.url(f"/v1/streams/{ctx.sid}")
     mine = token_for(ctx.sid) if kind == "token" else API_KEY
@@ -172,6 +173,7 @@ async def test_status_requests_in_flight_per_credential_at_the_limit_and_one_pas
     await eventually(lambda: server.app[FAIR_SHARES].held("status") == 2)  # both wait for the one read
     async with ctx.http.get(url, headers=bearer(mine)) as resp:  # one past
         await assert_too_many(resp, f"FANOUT_{setting.upper()}", 2, 5)
+    assert server.app[TELEMETRY].shares_refused == {"sse": 0, "status": 1}
     other = token_for(ctx.sid, ttl_s=7200) if kind == "token" else token_for(ctx.sid, "internal")
     other_scope = asyncio.create_task(ctx.http.get(url, headers=bearer(other)))
     await eventually(lambda: server.app[FAIR_SHARES].held("status") == 3)  # another credential holds a place
@@ -187,7 +189,7 @@ async def test_status_requests_in_flight_per_credential_at_the_limit_and_one_pas
 
 
 async def test_readyz_in_flight_per_address_at_the_limit_and_one_past_whatever_credential_it_carries(ctx, gated_server):
-    server, gate = await gated_server(max_status_reads_per_address=2, busy_retry_after_s=2)
+    server, gate = await gated_server(max_status_reads_per_address=2, share_retry_after_s=2)
     url = server.url("/readyz")
     in_flight = [asyncio.create_task(ctx.http.get(url)),
                  asyncio.create_task(ctx.http.get(url, headers=bearer("not-a-key")))]  # never verified: the address
