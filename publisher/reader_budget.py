@@ -12,13 +12,18 @@ replay too: counted once, by the identity of its bytes) and what is the reader's
 * When all waiting readers together hold more than ``FANOUT_READERS_BUDGET_BYTES``, the
   ones that have waited longest are dropped until the rest fit (``total``), at once.
 
-Dropping aborts the connection; the client resumes with ``Last-Event-ID`` (the events it
+Dropping resets the connection (``SO_LINGER`` 0, :func:`reset_on_close`: what the kernel
+still held for the client is freed at once, not sent over minutes to a client that does
+not read); the client resumes with ``Last-Event-ID`` (the events it
 has not received are read again from Redis) and loses nothing. No Redis, no aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
@@ -30,6 +35,19 @@ if TYPE_CHECKING:
 ENTRY_BYTES: Final = 256
 """Estimated memory of one stored entry held by a reader beside its frame (the ``Entry`` and its
 strings), bytes; measured with ``tracemalloc`` over a replayed page (bench/fair_share_bench.py)."""
+
+
+def reset_on_close(transport: asyncio.BaseTransport | None) -> None:
+    """Make closing ``transport``'s socket send a reset and free its unsent bytes (``SO_LINGER`` 0).
+
+    Without it, a socket closed with bytes still unsent stays in the kernel, those bytes
+    with it, until a client that stopped reading takes them or the kernel gives up. Does
+    nothing when the transport has no socket (closed already).
+    """
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def page_bytes(entries: Sequence[Entry]) -> int:

@@ -41,7 +41,7 @@ from publisher.entries import Entry, Page
 from publisher.hub import Hub
 from publisher.read_ahead import ReadAhead
 from publisher.reader import Reader, Shared
-from publisher.reader_budget import ENTRY_BYTES, ReaderBudget, Waiting
+from publisher.reader_budget import ENTRY_BYTES, ReaderBudget, Waiting, reset_on_close
 from publisher.sse import GAP_EVENT, PING, error_frame
 from publisher.store import Store
 from publisher.telemetry import Telemetry
@@ -195,8 +195,10 @@ class Session:
                     stale = not page
                 # after a refused go_live, read afresh: a shared read could predate what live readers got
                 share = self.hub.share_key(self.reader) if full else None
-                page = await (ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
-                                                                    share=share))
+                pending = ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                                share=share)
+                del page, entries  # the page written is let go while the next one is read
+                page = await pending
         finally:
             ahead.let_go()  # the response ends: a read-ahead still held is not awaited
 
@@ -349,5 +351,10 @@ class Session:
         own = self.transport.get_write_buffer_size() if self.transport is not None else 0
         own += held if self.ahead is not None and self.ahead.holding() else 0
         own += self.reader.queued() * ENTRY_BYTES
-        return self.budget.begin(self.on_stall, frame, held, own)
+        return self.budget.begin(self._reset, frame, held, own)
+
+    def _reset(self) -> None:
+        """Drop the connection of a reader past a memory budget, with a reset (nothing left in the kernel)."""
+        reset_on_close(self.transport)
+        self.on_stall()
 

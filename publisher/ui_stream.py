@@ -46,7 +46,7 @@ from publisher.events import check_first_page
 from publisher.limits import path_stream_id
 from publisher.problems import ProblemError
 from publisher.reader import Reader
-from publisher.reader_budget import ReaderBudget, Waiting, page_bytes
+from publisher.reader_budget import ReaderBudget, Waiting, page_bytes, reset_on_close
 from publisher.sse import PING
 from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
@@ -197,7 +197,9 @@ class _UISession:
                     await self.gap()
                     return True
                 stale = not page
-            page = await store.read_after(self.reader.stream_id, self.reader.cursor)
+            pending = store.read_after(self.reader.stream_id, self.reader.cursor)
+            del page  # the page written is let go while the next one is read
+            page = await pending
 
     async def live(self) -> None:
         """Send entries as the hub offers them, with a ``: ping`` comment when idle."""
@@ -251,4 +253,8 @@ class _UISession:
     def _waiting(self, data: bytes, held: int) -> Waiting:
         transport = self.request.transport
         own = (transport.get_write_buffer_size() if transport is not None else 0) + len(data) + held
-        return self.budget.begin(lambda: _drop(self.request), data, 0, own)
+        return self.budget.begin(self._reset, data, 0, own)
+
+    def _reset(self) -> None:
+        reset_on_close(self.request.transport)
+        _drop(self.request)
