@@ -13,9 +13,10 @@ key and its own read token, submits jobs (``POST /v1/streams``, 10/s) and reads
   (``--status-ignore-retry``: at once after a 429 too).
 * ``connections``: 10,000 SSE connections with one public token to ``st_live``, each
   reconnecting after the ``retry:`` hint when turned away, as EventSource does.
-* ``stalled``: 300 SSE readers of ``st_big``, each with its own token and its own position
-  (no two share a page), on sockets with a 4 KB receive buffer that never read; a reader
-  that is dropped reconnects at once and stalls again.
+* ``stalled``: 300 SSE readers of ``st_big``, each with its own token (``--stalled-one-token``:
+  one for all) and its own position (no two share a page), on sockets with a 4 KB receive
+  buffer that never read; with ``--stalled-reconnect`` a reader that is dropped comes back
+  at once and stalls again.
 
 Each attacker runs in its own process (raw sockets or aiohttp), the victim in another.
 Prints per phase: the victim's submit and SSE p50/p99 (ms), the attackers' outcomes, the
@@ -165,21 +166,22 @@ def run_phase(a: argparse.Namespace, name: str, base: str, metrics_url: str, pub
     elif name == "connections":
         attacker = spawn("connections", host_port, LIVE, token(LIVE), str(a.connections))
     elif name == "stalled":
-        tokens = ",".join(token(BIG, n) for n in range(1, a.stalled + 1))
-        attacker = spawn("stalled", host_port, BIG, tokens, str(a.stalled), str(a.big_events))
+        tokens = token(BIG) if a.stalled_one_token else ",".join(token(BIG, n) for n in range(1, a.stalled + 1))
+        attacker = spawn("stalled", host_port, BIG, tokens, f"{a.stalled}/{a.big_events}",
+                         "1" if a.stalled_reconnect else "0")
     rss = [pub.memory_info().rss]
     settle_until = time.monotonic() + (a.settle_s if attacker else 0)
     while time.monotonic() < settle_until:
         rss.append(pub.memory_info().rss)
         time.sleep(0.1)
     victim = spawn("victim", base, VICTIM_KEY, SMALL, token(SMALL), str(a.seconds))
-    began, cpu = time.monotonic(), _cpu(pub)
+    began, cpu, redis_cpu = time.monotonic(), _cpu(pub), _cpu(a.redis_process)
     attacker_cpu = _cpu(psutil.Process(attacker.pid)) if attacker else 0.0
     while victim.poll() is None:
         rss.append(pub.memory_info().rss)
         time.sleep(0.1)
     elapsed = time.monotonic() - began
-    cpu_share = {"publisher": (_cpu(pub) - cpu) / elapsed}
+    cpu_share = {"publisher": (_cpu(pub) - cpu) / elapsed, "redis": (_cpu(a.redis_process) - redis_cpu) / elapsed}
     if attacker is not None:
         cpu_share["attacker"] = (_cpu(psutil.Process(attacker.pid)) - attacker_cpu) / elapsed
     assert victim.stdout is not None
@@ -218,6 +220,7 @@ def main(a: argparse.Namespace) -> None:
     prefix = f"fair{uuid.uuid4().hex[:8]}"
     with redis_node(extra=["--maxclients", "20000"]) as node:
         conn = redis.Redis.from_url(node.url)
+        a.redis_process = psutil.Process(int(conn.info("server")["process_id"]))
         store_streams(conn, prefix, a.big_events)
         with publisher(a, node.url, prefix) as (proc, base, metrics_url):
             pub = psutil.Process(proc.pid)
@@ -242,6 +245,8 @@ if __name__ == "__main__":
     ap.add_argument("--status-ignore-retry", action="store_true")
     ap.add_argument("--connections", type=int, default=10_000)
     ap.add_argument("--stalled", type=int, default=300)
+    ap.add_argument("--stalled-one-token", action="store_true", help="one token for every stalled reader")
+    ap.add_argument("--stalled-reconnect", action="store_true", help="a dropped stalled reader comes back")
     ap.add_argument("--root", default=str(ROOT), help="checkout whose .venv runs the publisher")
     ap.add_argument("--env", action="append", default=[], help="FANOUT_X=y for the publisher")
     ap.add_argument("--log", default="", help="publisher stderr to this file")

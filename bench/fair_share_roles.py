@@ -22,6 +22,8 @@ import aiohttp
 
 PACE_S = 0.1
 """The victim's pause between two submits, and between two SSE reads: 10/s each."""
+VICTIM_TIMEOUT_S = 10.0
+"""The victim gives up on one request after this long (counted as an error)."""
 CONNECTS_PER_TURN = 200
 """Connections the ``connections`` attacker starts per turn of its loop (a ramp of some thousands per second)."""
 TCP_CLOSE_STATES = (7, 8)
@@ -32,7 +34,7 @@ async def _victim(base: str, key: str, sid: str, token: str, seconds: float) -> 
     seen: dict[str, Any] = {"submit": [], "first": [], "all": [], "submit_errors": 0, "sse_errors": 0}
     deadline = time.monotonic() + seconds
     body = {"provider": "openai_chat", "model": "m", "request": {"messages": [{"role": "user", "content": "hi"}]}}
-    timeout = aiohttp.ClientTimeout(total=30)
+    timeout = aiohttp.ClientTimeout(total=VICTIM_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
 
         async def submits() -> None:
@@ -202,10 +204,22 @@ def _retry_ms(data: bytes) -> int | None:
     return None
 
 
-def stalled(host_port: str, sid: str, tokens: str, n: str, top: str) -> None:
-    """``n`` readers of ``sid`` from spread positions that never read; a dropped one reconnects and stalls again."""
+_GONE: Any = object()
+"""A stalled reader that was dropped and does not reconnect."""
+
+
+def stalled(host_port: str, sid: str, tokens: str, shape: str, reconnect: str) -> None:
+    """``n`` readers of ``sid`` (``shape``: ``n/top seq``) from spread positions that never read.
+
+    A dropped reader reconnects when ``reconnect`` is ``1``.
+
+    A reader is seen dropped by its socket's TCP state (reset or closed), read without
+    taking a byte; ``tokens`` holds one token per reader, or one for all.
+    """
     host, port = host_port.split(":")
     keys = tokens.split(",")
+    n, top = shape.split("/")
+    keys += keys[-1:] * (int(n) - len(keys))
     count, spread = int(n), max(1, int(top) // (int(n) + 1))
     stats = {"opened": 0, "dropped": 0, "connect_failed": 0}
     stopping = []
@@ -232,6 +246,8 @@ def stalled(host_port: str, sid: str, tokens: str, n: str, top: str) -> None:
     while not stopping:
         time.sleep(0.5)
         for i, sock in enumerate(socks):
+            if sock is _GONE:
+                continue
             if sock is None:
                 socks[i] = connect(i)
                 continue
@@ -239,7 +255,9 @@ def stalled(host_port: str, sid: str, tokens: str, n: str, top: str) -> None:
                 continue  # still open (its state read without reading a byte)
             stats["dropped"] += 1
             sock.close()
-            socks[i] = connect(i)
+            socks[i] = connect(i) if reconnect == "1" else None
+            if socks[i] is None and reconnect != "1":
+                socks[i] = _GONE
     print(json.dumps(stats), flush=True)
 
 
