@@ -24,7 +24,11 @@ publisher's RSS (start, peak, end) and its metrics (Prometheus scrape). The mach
 limit is raised to its hard limit for the attackers and the publisher.
 
     .venv/bin/python bench/fair_share_bench.py [--phases idle,status,connections,stalled] [--seconds 20]
-        [--root /work/main] [--env FANOUT_X=y ...] [--status-ignore-retry] [--json-out FILE]
+        [--root DIR [--python PY]] [--env FANOUT_X=y ...] [--status-ignore-retry] [--stalled-one-token]
+        [--stalled-reconnect] [--json-out FILE]
+
+``--root``: the tree whose ``publisher/`` serves (``git archive <commit> | tar -x -C DIR`` of
+an older commit, with ``--python .venv/bin/python`` of this tree, measures it before).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def publisher(a: argparse.Namespace, url: str, prefix: str) -> Any:
            "FANOUT_LOG_LEVEL": "WARNING"}
     env.update(dict(item.split("=", 1) for item in a.env))
     root = Path(a.root)
-    python = root / ".venv" / "bin" / "python"
+    python = a.python or root / ".venv" / "bin" / "python"
     proc = subprocess.Popen([str(python), "-m", "fanout_cli", "publisher", "--host", "127.0.0.1", "--port",
                              str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(a.log, "w") if a.log else subprocess.DEVNULL)  # noqa: SIM115
@@ -247,7 +251,8 @@ if __name__ == "__main__":
     ap.add_argument("--stalled", type=int, default=300)
     ap.add_argument("--stalled-one-token", action="store_true", help="one token for every stalled reader")
     ap.add_argument("--stalled-reconnect", action="store_true", help="a dropped stalled reader comes back")
-    ap.add_argument("--root", default=str(ROOT), help="checkout whose .venv runs the publisher")
+    ap.add_argument("--root", default=str(ROOT), help="checkout whose publisher runs (python -m fanout_cli there)")
+    ap.add_argument("--python", default="", help="interpreter of the publisher (default: <root>/.venv/bin/python)")
     ap.add_argument("--env", action="append", default=[], help="FANOUT_X=y for the publisher")
     ap.add_argument("--log", default="", help="publisher stderr to this file")
     ap.add_argument("--json-out", default="")
