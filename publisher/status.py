@@ -35,18 +35,23 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S: Final = 2.0
 """Longest wait for Redis to take the probe write in ``/readyz``, seconds."""
 _encoder: Final = msgspec.json.Encoder()
+_NULL_END: Final = b"null}"
 
 
-async def send_json(request: web.Request, body: bytes) -> web.Response:
-    """Write a ``200`` JSON ``body`` now, within ``FANOUT_WRITE_TIMEOUT_S`` (else the connection is dropped).
+async def send_json(request: web.Request, parts: list[bytes]) -> web.StreamResponse:
+    """Write a ``200`` JSON body made of ``parts`` now, within ``FANOUT_WRITE_TIMEOUT_S`` (else drop the connection).
 
-    The response is written before the handler returns, so the request's place under its
-    credential is held until its body is out: a client that stops reading holds its place.
+    The parts are written as they are (a kept result is not copied into each response),
+    and before the handler returns, so the request's place under its credential is held
+    until its body is out: a client that stops reading holds its place.
     """
-    response = web.Response(body=body, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+    response.content_length = sum(len(part) for part in parts)
     try:
         async with asyncio.timeout(request.app[SETTINGS].write_timeout_s):
             await response.prepare(request)
+            for part in parts:
+                await response.write(part)
             await response.write_eof()
     except TimeoutError:
         if request.transport is not None:
@@ -54,7 +59,7 @@ async def send_json(request: web.Request, body: bytes) -> web.Response:
     return response
 
 
-async def stream_status(request: web.Request) -> web.Response:
+async def stream_status(request: web.Request) -> web.StreamResponse:
     """Return the stream's state, status, last seq and assembled result so far.
 
     ``state`` is the meta's (``queued``, ``running``, ``done``) or ``expired`` when only
@@ -78,22 +83,23 @@ async def stream_status(request: web.Request) -> web.Response:
         claim.release()
 
 
-async def _status_body(request: web.Request, stream_id: str, scope: Scope) -> bytes:
+async def _status_body(request: web.Request, stream_id: str, scope: Scope) -> list[bytes]:
+    """Return the status document in parts: the fields, then the kept result's JSON as it is, then ``}``."""
     info = await request.app[STORE].info(stream_id)
     if not info.known:
         if not info.tomb:
             raise ProblemError("not-found", f"no stream {stream_id}")
-        return _encoder.encode({
+        return [_encoder.encode({
             "stream_id": stream_id, "state": "expired", "status": info.tomb.get("status"),
             "last_seq": info.tomb_last_seq, "history_complete": False, "result": None,
-        })
+        })]
     result = await request.app[STATUS_CACHE].snapshot(stream_id, scope, info)
     meta = info.meta
     created_ms = meta.get("created_ms")
     # The events are read after meta: a terminal event stored in between is in the result but not in
     # what meta said, so the stream reads as ended then too (never "running" beside a finished result).
     ended = info.terminal or result.status != "running"
-    return _encoder.encode({
+    head = _encoder.encode({
         "stream_id": stream_id,
         "state": "done" if ended else meta.get("state") or "running",
         "status": meta.get("status") or (result.status if ended else None),
@@ -103,8 +109,9 @@ async def _status_body(request: web.Request, stream_id: str, scope: Scope) -> by
         "created_ms": int(created_ms) if created_ms else None,
         # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all)
         "history_complete": result.whole and result.read_seq >= info.last_seq,
-        "result": msgspec.Raw(result.body),
+        "result": None,
     })
+    return [head[:-len(_NULL_END)], result.body, b"}"]  # head ends '"result":null}'
 
 
 async def cancel(request: web.Request) -> web.Response:
