@@ -18,7 +18,9 @@ key and its own read token, submits jobs (``POST /v1/streams``, 10/s) and reads
   buffer that never read; with ``--stalled-reconnect`` a reader that is dropped comes back
   at once and stalls again.
 
-Each attacker runs in its own process (raw sockets or aiohttp), the victim in another.
+Each attacker runs in its own process (raw sockets or aiohttp), the victim in another;
+``--pin`` keeps the publisher alone on CPU 0 and every other process (Redis, the clients)
+on the other CPUs, so the attackers' own CPU does not slow the publisher down.
 Prints per phase: the victim's submit and SSE p50/p99 (ms), the attackers' outcomes, the
 publisher's RSS (start, peak, end) and its metrics (Prometheus scrape). The machine's fd
 limit is raised to its hard limit for the attackers and the publisher.
@@ -148,8 +150,20 @@ def scrape(metrics_url: str) -> dict[str, float]:
     return out
 
 
+PINS: dict[str, set[int]] = {}
+"""``--pin``: the CPUs of the publisher (``publisher``) and of every other process (``clients``)."""
+
+
+def pin(pid: int, who: str) -> None:
+    """Keep process ``pid`` on the CPUs of ``who`` when ``--pin`` asked for it."""
+    if who in PINS:
+        os.sched_setaffinity(pid, PINS[who])
+
+
 def spawn(role: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, "--role", role, *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--role", role, *args], stdout=subprocess.PIPE, text=True)
+    pin(proc.pid, "clients")
+    return proc
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -201,16 +215,22 @@ def run_phase(a: argparse.Namespace, name: str, base: str, metrics_url: str, pub
     time.sleep(a.cool_s)
     return {"phase": name, "attack": attack, "metrics": metrics, "cpu": cpu_share,
             "rss_mb": {"start": rss[0] / 2**20, "peak": max(rss) / 2**20, "end": rss[-1] / 2**20},
-            "submit_ms": {"n": len(seen["submit"]), "p50": pct(seen["submit"], 0.5), "p99": pct(seen["submit"], 0.99),
-                          "errors": seen["submit_errors"]},
-            "sse_first_ms": {"n": len(seen["first"]), "p50": pct(seen["first"], 0.5), "p99": pct(seen["first"], 0.99)},
-            "sse_all_ms": {"p50": pct(seen["all"], 0.5), "p99": pct(seen["all"], 0.99), "errors": seen["sse_errors"]}}
+            "submit_ms": {"n": len(seen["submit"]), **_quantiles(seen["submit"]), "errors": seen["submit_errors"]},
+            "sse_first_ms": {"n": len(seen["first"]), **_quantiles(seen["first"])},
+            "sse_all_ms": {**_quantiles(seen["all"]), "errors": seen["sse_errors"]}}
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    return {"p50": pct(values, 0.5), "p90": pct(values, 0.9), "p99": pct(values, 0.99),
+            "max": max(values, default=float("nan"))}
 
 
 def report(result: dict[str, Any]) -> None:
     s, f, w, r = result["submit_ms"], result["sse_first_ms"], result["sse_all_ms"], result["rss_mb"]
-    print(f"{result['phase']:>12}: submit p50 {s['p50']:.1f} p99 {s['p99']:.1f} ms ({s['n']}, {s['errors']} errors) | "
-          f"SSE first event p50 {f['p50']:.1f} p99 {f['p99']:.1f} ms, whole p50 {w['p50']:.1f} p99 {w['p99']:.1f} ms "
+    print(f"{result['phase']:>12}: submit p50 {s['p50']:.1f} p90 {s['p90']:.1f} p99 {s['p99']:.1f} "
+          f"max {s['max']:.0f} ms "
+          f"({s['n']}, {s['errors']} errors) | SSE first event p50 {f['p50']:.1f} p90 {f['p90']:.1f} "
+          f"p99 {f['p99']:.1f} max {f['max']:.0f} ms, whole p50 {w['p50']:.1f} p99 {w['p99']:.1f} ms "
           f"({f['n']}, {w['errors']} errors) | RSS {r['start']:.0f} -> peak {r['peak']:.0f} -> {r['end']:.0f} MB | "
           f"CPU {', '.join(f'{k} {v:.0%}' for k, v in result['cpu'].items())}")
     if result["attack"]:
@@ -225,9 +245,14 @@ def main(a: argparse.Namespace) -> None:
     with redis_node(extra=["--maxclients", "20000"]) as node:
         conn = redis.Redis.from_url(node.url)
         a.redis_process = psutil.Process(int(conn.info("server")["process_id"]))
+        if a.pin:
+            PINS.update(publisher={0}, clients=set(range(1, os.cpu_count() or 2)))
+            pin(os.getpid(), "clients")
+            pin(a.redis_process.pid, "clients")
         store_streams(conn, prefix, a.big_events)
         with publisher(a, node.url, prefix) as (proc, base, metrics_url):
             pub = psutil.Process(proc.pid)
+            pin(proc.pid, "publisher")
             print(f"publisher pid {proc.pid} at {base}", flush=True)
             results = []
             for name in a.phases.split(","):
@@ -255,6 +280,7 @@ if __name__ == "__main__":
     ap.add_argument("--python", default="", help="interpreter of the publisher (default: <root>/.venv/bin/python)")
     ap.add_argument("--env", action="append", default=[], help="FANOUT_X=y for the publisher")
     ap.add_argument("--log", default="", help="publisher stderr to this file")
+    ap.add_argument("--pin", action="store_true", help="publisher alone on CPU 0, every other process on the others")
     ap.add_argument("--json-out", default="")
     args, rest = ap.parse_known_args()
     if args.role:
