@@ -13,8 +13,8 @@ key and its own read token, submits jobs (``POST /v1/streams``, 10/s) and reads
   (``--status-ignore-retry``: at once after a 429 too).
 * ``connections``: 10,000 SSE connections with one public token to ``st_live``, each
   reconnecting after the ``retry:`` hint when turned away, as EventSource does.
-* ``stalled``: 300 SSE readers of ``st_big``, each with its own token (``--stalled-one-token``:
-  one for all) and its own position (no two share a page), on sockets with a 4 KB receive
+* ``stalled``: 300 SSE readers of ``st_big``, each with its own token (``stalled1``, or
+  ``--stalled-one-token``: one for all) and its own position (no two share a page), on sockets with a 4 KB receive
   buffer that never read; with ``--stalled-reconnect`` a reader that is dropped comes back
   at once and stalls again.
 
@@ -121,7 +121,7 @@ def publisher(a: argparse.Namespace, url: str, prefix: str) -> Any:
            "FANOUT_LOG_LEVEL": "WARNING"}
     env.update(dict(item.split("=", 1) for item in a.env))
     root = Path(a.root)
-    python = a.python or root / ".venv" / "bin" / "python"
+    python = os.path.abspath(a.python) if a.python else root / ".venv" / "bin" / "python"
     proc = subprocess.Popen([str(python), "-m", "fanout_cli", "publisher", "--host", "127.0.0.1", "--port",
                              str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(a.log, "w") if a.log else subprocess.DEVNULL)  # noqa: SIM115
@@ -183,8 +183,9 @@ def run_phase(a: argparse.Namespace, name: str, base: str, metrics_url: str, pub
         attacker = spawn("status", base, token(BIG), str(a.status_readers), "1" if a.status_ignore_retry else "0")
     elif name == "connections":
         attacker = spawn("connections", host_port, LIVE, token(LIVE), str(a.connections))
-    elif name == "stalled":
-        tokens = token(BIG) if a.stalled_one_token else ",".join(token(BIG, n) for n in range(1, a.stalled + 1))
+    elif name in ("stalled", "stalled1"):
+        one = a.stalled_one_token or name == "stalled1"
+        tokens = token(BIG) if one else ",".join(token(BIG, n) for n in range(1, a.stalled + 1))
         attacker = spawn("stalled", host_port, BIG, tokens, f"{a.stalled}/{a.big_events}",
                          "1" if a.stalled_reconnect else "0")
     rss = [pub.memory_info().rss]
@@ -204,6 +205,7 @@ def run_phase(a: argparse.Namespace, name: str, base: str, metrics_url: str, pub
         cpu_share["attacker"] = (_cpu(psutil.Process(attacker.pid)) - attacker_cpu) / elapsed
     assert victim.stdout is not None
     seen = json.loads(victim.stdout.read())
+    metrics = scrape(metrics_url)  # while the attack still holds what it holds
     attack: dict[str, Any] = {}
     if attacker is not None:
         assert attacker.stdout is not None
@@ -211,7 +213,6 @@ def run_phase(a: argparse.Namespace, name: str, base: str, metrics_url: str, pub
         out = attacker.stdout.read().strip().splitlines()
         attacker.wait()
         attack = json.loads(out[-1]) if out else {}
-    metrics = scrape(metrics_url)
     time.sleep(a.cool_s)
     return {"phase": name, "attack": attack, "metrics": metrics, "cpu": cpu_share,
             "rss_mb": {"start": rss[0] / 2**20, "peak": max(rss) / 2**20, "end": rss[-1] / 2**20},

@@ -102,7 +102,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     being written, the page read ahead, queued live events, the socket's unsent buffer; an
     estimate), bytes. A reader whose write has waited ``reader_stall_ms`` while holding more is
     dropped (its connection aborted); its client resumes with ``Last-Event-ID`` and loses nothing."""
-    readers_budget_bytes: Positive = 128 * 1024 * 1024
+    readers_budget_bytes: Positive = 64 * 1024 * 1024
     """Publisher memory all SSE readers waiting on their clients may hold together (pages shared
     by several readers count once), bytes. Past it, the readers that have waited longest are
     dropped until the rest fit, as past ``reader_budget_bytes``."""

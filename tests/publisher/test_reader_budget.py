@@ -173,7 +173,7 @@ async def test_past_the_total_the_reader_waiting_longest_is_dropped_and_resumes_
 
 @pytest.mark.parametrize("route", ["events", "ui"])
 async def test_a_reader_within_its_budget_is_kept_while_its_client_waits(ctx, route):
-    server = await ctx.start_app(make_settings(**PAGES, reader_stall_ms=50.0))  # default budgets: 8 MB, 128 MB
+    server = await ctx.start_app(make_settings(**PAGES, reader_stall_ms=50.0))  # default budgets: 8 MiB, 64 MiB
     await store_big_stream(ctx)
     sock = stalled_reader(server.base_url, f"/v1/streams/{ctx.sid}/{route}")
     budget = server.app[BUDGET]
