@@ -16,7 +16,10 @@ while readers that all arrive within the hold each hold both pages at once (the 
 keeps that peak).
 
     .venv/bin/python bench/replay_memory.py --redis-port P [--readers 300] [--event-kb 1024] [--deltas 2000]
-        [--spread] [--stagger-ms 0]
+        [--spread] [--stagger-ms 0] [--trace]
+
+``--trace`` prints what ``tracemalloc`` sees the stalled readers hold, per reader and by
+allocating line (what ``publisher.live.reader_budget.ENTRY_BYTES`` estimates).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import gc
 import subprocess
 import sys
+import tracemalloc
 import uuid
 from pathlib import Path
 
@@ -64,6 +68,17 @@ async def _settle(me: psutil.Process, seconds: float) -> int:
     return int(me.memory_info().rss)
 
 
+def _print_traced(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, readers: int) -> None:
+    """Print the Python memory the stalled readers hold, per reader: in all, and by allocating line."""
+    diff = after.compare_to(before, "lineno")
+    total = sum(stat.size_diff for stat in diff)
+    print(f"traced: {total / readers / 1024:.0f} KB per reader (tracemalloc; its own bookkeeping inflates RSS)")
+    for stat in diff[:8]:
+        frame = stat.traceback[0]
+        print(f"  {stat.size_diff / readers / 1024:7.1f} KB {stat.count_diff / readers:7.1f} blocks per reader  "
+              f"{Path(frame.filename).name}:{frame.lineno}")
+
+
 async def main(a: argparse.Namespace) -> None:
     keys = Keys(f"mem{uuid.uuid4().hex[:8]}")
     url = f"redis://127.0.0.1:{a.redis_port}/0"
@@ -88,6 +103,9 @@ async def main(a: argparse.Namespace) -> None:
     host, port = runner.addresses[0][:2]
     me = psutil.Process()
     before = await _settle(me, 0.5)
+    if a.trace:
+        tracemalloc.start(1)
+    traced = tracemalloc.take_snapshot() if a.trace else None
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, host, str(port), str(a.readers), sid,
                                                 "1" if a.spread else "0", str(a.stagger_ms),
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -95,6 +113,9 @@ async def main(a: argparse.Namespace) -> None:
     assert proc.stdin is not None
     await proc.stdout.readline()
     held = await _settle(me, a.settle_s)
+    if traced is not None:
+        _print_traced(traced, tracemalloc.take_snapshot(), a.readers)
+        tracemalloc.stop()
     where = "each from its own position" if a.spread else "from the start"
     where += f", {a.stagger_ms:g} ms apart" if a.stagger_ms else ""
     print(f"{a.readers} stalled readers ({where}) of a {a.event_kb} KB stream.start + {a.deltas} deltas: "
@@ -117,4 +138,5 @@ if __name__ == "__main__":
     ap.add_argument("--settle-s", type=float, default=3.0)
     ap.add_argument("--spread", action="store_true", help="reader i resumes after seq i: no shared reads")
     ap.add_argument("--stagger-ms", type=float, default=0.0, help="pause between two connections")
+    ap.add_argument("--trace", action="store_true", help="also print the Python memory held per reader, by line")
     asyncio.run(main(ap.parse_args()))

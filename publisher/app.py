@@ -29,15 +29,30 @@ from infra.live_pubsub import live_mode
 from infra.redis_client import RedisClient, RedisOptions, connect, node_client
 from publisher.api.accesslog import MaskedAccessLogger
 from publisher.api.edge import install_log_filter
+from publisher.api.fair_share import FairShares
 from publisher.api.limits import ConnectionGate
 from publisher.api.middleware import add_cors_headers, edge_middleware
 from publisher.api.routes import Plugins, setup_routes
+from publisher.api.status_cache import StatusCache
 from publisher.api.submit import JobShards, announce_shards
 from publisher.history.store import Store
 from publisher.live.hub import Hub
 from publisher.live.reader import Reader
+from publisher.live.reader_budget import ReaderBudget
 from publisher.settings import PublisherSettings, resolve_secrets
-from publisher.state import GATE, HUB, KEYS, REDIS, SETTINGS, SHARDS, STORE, TELEMETRY
+from publisher.state import (
+    BUDGET,
+    FAIR_SHARES,
+    GATE,
+    HUB,
+    KEYS,
+    REDIS,
+    SETTINGS,
+    SHARDS,
+    STATUS_CACHE,
+    STORE,
+    TELEMETRY,
+)
 from publisher.telemetry import Telemetry
 from schema.keys import Keys
 from schema.settings import SettingsError
@@ -72,7 +87,8 @@ def create_app(
             is installed with ``FANOUT_DEMO_PAGE=1``.
 
     Raises:
-        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode, or
+        SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode, a
+            ``FANOUT_TRUSTED_PROXIES`` entry that is no address or network, or
             ``FANOUT_DEMO_PAGE=1`` without the ``demo`` plug-in.
     """
     settings = resolve_secrets(settings)
@@ -87,6 +103,9 @@ def create_app(
     app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
     app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)
+    app[FAIR_SHARES] = FairShares(settings, app[TELEMETRY].shares_refused)
+    app[BUDGET] = ReaderBudget(settings.reader_budget_bytes, settings.readers_budget_bytes,
+                               settings.reader_stall_ms / 1000, app[TELEMETRY])
     app.cleanup_ctx.append(_redis_context(redis_url or settings.redis_url, wrap_redis))
     app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(close_streams)
@@ -109,6 +128,7 @@ def _redis_context(
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page,
                                      cluster=settings.redis_cluster)
+        app[STATUS_CACHE] = StatusCache(store, app[TELEMETRY], settings.status_cache_bytes, settings.status_assemblies)
         await announce_shards(client, app[SHARDS])
         try:
             mode = await live_mode(client, settings.live_pubsub)  # as the workers decide it

@@ -8,6 +8,7 @@ aiohttp or redis.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 MIN_SECRET_CHARS = 32
 """Shortest accepted ``FANOUT_TOKEN_SECRET`` (characters); shorter keys are guessable."""
 
+ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -54,6 +56,60 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_connections: Positive = 10_000
     """Open SSE responses per process; one more ``/events`` request is answered 200 with only a
     ``retry:`` hint and a ``busy: too-many-connections`` comment (``/ui``: 503 with ``Retry-After``)."""
+    max_connections_per_token: Positive = 32
+    """Open SSE responses (``/events`` and ``/ui`` together) per read token, counted by a digest of
+    the token; one more ``/events`` request is answered 200 with only a ``retry:`` hint and a
+    ``busy: too-many-requests`` comment, one more ``/ui`` request 429 ``too-many-requests``
+    with ``Retry-After``. Each token reads one stream: a browser needs a few; one token shared
+    by many viewers needs this raised (or one token minted per viewer)."""
+    max_connections_per_key: Positive = 10_000
+    """Open SSE responses per API key (counted by a digest of the key), answered as past
+    ``max_connections_per_token``. An API key is a backend's credential: by default one may hold
+    as many as the process (``FANOUT_MAX_CONNECTIONS``)."""
+    max_connections_per_address: Positive = 32
+    """Open SSE responses per client address for requests without a credential (today every SSE
+    route refuses those with a 401 first, so none is ever counted); see ``trusted_proxies``."""
+    max_status_reads_per_token: Positive = 2
+    """Status requests (``GET /v1/streams/{id}``) in flight per read token, counted from the
+    request's arrival until its body is written; one more is answered 429 ``too-many-requests``
+    with ``Retry-After``."""
+    max_status_reads_per_key: Positive = 64
+    """Status requests in flight per API key, answered as past ``max_status_reads_per_token``."""
+    max_status_reads_per_address: Positive = 8
+    """Requests without a credential that read Redis for their answer (``GET /readyz``) in flight
+    per client address, answered as past ``max_status_reads_per_token``."""
+    share_retry_after_s: Positive = 30
+    """Reconnection delay hinted to a request refused for its credential's (or address's) limit,
+    seconds: ``Retry-After`` of the 429, and the ``retry:`` of the ``/events`` busy answer
+    (jittered ±50 %). Long, because every client past the limit comes back after it (an
+    EventSource reconnects after its ``retry:``): 10,000 connections of one token past its
+    limit cost about 330 refusals a second at 30 s, 5,000 at 2 s."""
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)
+    """Addresses or networks (CIDR, comma-separated) of the reverse proxies in front of the
+    publisher. A request whose peer is one of them is counted under the rightmost
+    ``X-Forwarded-For`` address that is not; without this setting ``X-Forwarded-For`` is
+    ignored and the peer address counts (so requests through an untrusted proxy share its)."""
+    status_cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
+    """Assembled status results kept for reuse (an estimate of their memory), bytes; the least
+    recently read go first. A result is assembled once per stream, projection and epoch and
+    then only advanced by the events stored since (a finished stream's: never again while
+    kept); concurrent requests share one assembly. 0 keeps none (each request reads the
+    events its stream stored; concurrent requests still share)."""
+    status_assemblies: Positive = 4
+    """Status assemblies reading stored events at once in this process (each holds at most one
+    pooled Redis connection at a time); more wait for a turn."""
+    reader_budget_bytes: Positive = 8 * 1024 * 1024
+    """Publisher memory one SSE reader may hold while its client takes no bytes (the history page
+    being written, the page read ahead, queued live events, the socket's unsent buffer; an
+    estimate), bytes. A reader whose write has waited ``reader_stall_ms`` while holding more is
+    dropped (its connection aborted); its client resumes with ``Last-Event-ID`` and loses nothing."""
+    readers_budget_bytes: Positive = 64 * 1024 * 1024
+    """Publisher memory all SSE readers waiting on their clients may hold together (pages shared
+    by several readers count once), bytes. Past it, the readers that have waited longest are
+    dropped until the rest fit, as past ``reader_budget_bytes``."""
+    reader_stall_ms: Annotated[float, msgspec.Meta(ge=0, le=3_600_000)] = 1000.0
+    """A reader whose write has waited this long for its client counts as stalled and is held to
+    ``reader_budget_bytes``, milliseconds."""
     busy_retry_after_s: Positive = 2
     """Reconnection delay hinted to a client turned away for a transient reason, seconds:
     ``Retry-After`` of a 503, and the ``retry:`` (this many seconds, jittered ±50 %) of an SSE
@@ -151,7 +207,27 @@ def settings_from_env(environ: Mapping[str, str], **overrides: object) -> Publis
     settings = load_settings(PublisherSettings, environ, **overrides)
     if not settings.api_keys:
         log.warning("FANOUT_API_KEYS is empty: every job submission will be refused (401)")
+    proxy_networks(settings.trusted_proxies)
     return resolve_secrets(settings)
+
+
+def proxy_networks(entries: list[str]) -> tuple[ProxyNetwork, ...]:
+    """Parse ``FANOUT_TRUSTED_PROXIES``: each entry an address (``10.0.0.7``) or a network (``10.0.0.0/8``).
+
+    Returns:
+        The networks, in the order given (an address is a network of one).
+
+    Raises:
+        SettingsError: An entry that is neither, naming it.
+    """
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise SettingsError(f"bad configuration: FANOUT_TRUSTED_PROXIES entry {entry!r}: expected an IP "
+                                "address or a network such as 10.0.0.0/8") from None
+    return tuple(networks)
 
 
 def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:

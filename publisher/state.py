@@ -16,10 +16,13 @@ from schema.keys import Keys
 
 if TYPE_CHECKING:
     from infra.redis_client import RedisClient
+    from publisher.api.fair_share import FairShares
     from publisher.api.limits import ConnectionGate
+    from publisher.api.status_cache import StatusCache
     from publisher.api.submit import JobShards
     from publisher.history.store import Store
     from publisher.live.hub import Hub
+    from publisher.live.reader_budget import ReaderBudget
     from publisher.telemetry import Telemetry
 
 SETTINGS = web.AppKey("settings", PublisherSettings)
@@ -38,3 +41,9 @@ GATE: web.AppKey[ConnectionGate] = web.AppKey("gate")
 """Counter of open SSE responses against ``max_connections``."""
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry")
 """Tracer and metric instruments."""
+FAIR_SHARES: web.AppKey[FairShares] = web.AppKey("fair_shares")
+"""Places held per credential (or address) on the SSE and status routes."""
+STATUS_CACHE: web.AppKey[StatusCache] = web.AppKey("status_cache")
+"""Assembled status results, shared and kept; opened in ``cleanup_ctx`` (it reads through the store)."""
+BUDGET: web.AppKey[ReaderBudget] = web.AppKey("reader_budget")
+"""Memory budgets of SSE readers waiting on their clients."""

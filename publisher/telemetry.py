@@ -29,12 +29,17 @@ SCOPE: Final = "fanout.publisher"
 
 PHASES: Final = ("replay", "live")
 GONE_CAUSES: Final = ("history-expired", "history-trimmed", "position-ahead", "history-reset")
-REFUSALS: Final = ("too-many-connections", "shutting-down")
+REFUSALS: Final = ("too-many-connections", "shutting-down", "too-many-requests")
+SHARE_ROUTES: Final = ("sse", "status")
+ASSEMBLY_KINDS: Final = ("full", "incremental")
+BUDGETS: Final = ("reader", "total")
 ATTRIBUTE_VALUES: Final[dict[str, frozenset[str]]] = {
     "phase": frozenset(PHASES),
     "cause": frozenset(GONE_CAUSES),
     "reason": frozenset(REFUSALS),
-    "kind": frozenset(REDIS_ERROR_KINDS),
+    "kind": frozenset(REDIS_ERROR_KINDS) | frozenset(ASSEMBLY_KINDS),
+    "route": frozenset(SHARE_ROUTES),
+    "budget": frozenset(BUDGETS),
 }
 """Every value an attribute of a publisher metric may take."""
 
@@ -92,12 +97,42 @@ class Telemetry:
             "fanout.sse.overflows", unit="{reader}", description="Readers closed for a full queue or a stalled write")
         self.gaps = meter.create_counter(
             "fanout.sse.gaps", unit="{response}", description="Responses ended by a stream.gap frame")
-        self.refused = meter.create_counter(
-            "fanout.sse.refused", unit="{request}",
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        """SSE requests turned away, by reason: plain ints read by the meter, so a refusal (many a
+        second under a flood of one credential's connections) costs no metrics call."""
+        meter.create_observable_counter(
+            "fanout.sse.refused", callbacks=[self._observe_refused], unit="{request}",
             description="SSE requests turned away (200 with only a retry: hint), by reason")
         self.redis_errors = meter.create_counter(
             "fanout.redis.errors", unit="{error}", description="Redis errors seen, by kind")
+        self._fair_share_instruments(meter)
         self._start_at_zero()
+
+    def _fair_share_instruments(self, meter: metrics.Meter) -> None:
+        """Instruments of the fair shares, the status results and the readers' memory budgets."""
+        self.shares_refused: dict[str, int] = dict.fromkeys(SHARE_ROUTES, 0)
+        """Requests refused for their credential's (or address's) limit, by route (plain ints)."""
+        meter.create_observable_counter(
+            "fanout.fair_share.refused", callbacks=[self._observe_shares_refused], unit="{request}",
+            description="Requests refused for holding their credential's (or address's) limit, by route")
+        self.status_assemblies: dict[str, int] = dict.fromkeys(ASSEMBLY_KINDS, 0)
+        """Reads of stored events by the status route: ``full`` (from seq 1) or ``incremental``."""
+        meter.create_observable_counter(
+            "fanout.status.assemblies", callbacks=[self._observe_assemblies], unit="{assembly}",
+            description="Reads of stored events by the status route, full or incremental")
+        self.status_cache_bytes = 0
+        """Estimated memory of the status results kept, bytes."""
+        meter.create_observable_gauge(
+            "fanout.status.cache.size", callbacks=[self._reporting("status_cache_bytes")], unit="{byte}",
+            description="Estimated memory of the assembled status results kept")
+        self.stalled_bytes = 0
+        """Estimated memory held by SSE readers waiting on their clients (shared pages once), bytes."""
+        meter.create_observable_gauge(
+            "fanout.sse.stalled.size", callbacks=[self._reporting("stalled_bytes")], unit="{byte}",
+            description="Estimated memory held by SSE readers waiting on their clients")
+        self.budget_drops = meter.create_counter(
+            "fanout.sse.budget_drops", unit="{reader}",
+            description="Readers dropped for holding more than their memory budget, by budget")
 
     def _start_at_zero(self) -> None:
         """Export every counter from the start (0), so a rate is 0 rather than missing."""
@@ -105,14 +140,26 @@ class Telemetry:
             counter.add(0)
         for cause in GONE_CAUSES:
             self.gone.add(0, {"cause": cause})
-        for reason in REFUSALS:
-            self.refused.add(0, {"reason": reason})
+        for budget in BUDGETS:
+            self.budget_drops.add(0, {"budget": budget})
         for kind in REDIS_ERROR_KINDS:
             self.redis_errors.add(0, {"kind": kind})
 
     def _observe_delivered(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         """Report :attr:`delivered` to the meter (monotonic totals, one point per phase)."""
         return [metrics.Observation(count, {"phase": phase}) for phase, count in self.delivered.items()]
+
+    def _observe_refused(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        """Report :attr:`refused` to the meter (monotonic totals, one point per reason)."""
+        return [metrics.Observation(count, {"reason": reason}) for reason, count in self.refused.items()]
+
+    def _observe_shares_refused(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        """Report :attr:`shares_refused` to the meter (monotonic totals, one point per route)."""
+        return [metrics.Observation(count, {"route": route}) for route, count in self.shares_refused.items()]
+
+    def _observe_assemblies(self, options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        """Report :attr:`status_assemblies` to the meter (monotonic totals, one point per kind)."""
+        return [metrics.Observation(count, {"kind": kind}) for kind, count in self.status_assemblies.items()]
 
     def _reporting(self, attribute: str) -> Callable[[metrics.CallbackOptions], Iterable[metrics.Observation]]:
         """Return a meter callback that reports the plain int ``attribute`` of this object."""
@@ -141,8 +188,8 @@ class Telemetry:
         self.redis_errors.add(1, {"kind": redis_error_kind(exc)})
 
     def refusal(self, slug: str) -> None:
-        """Count one refused SSE request (``too-many-connections`` or ``shutting-down``)."""
-        self.refused.add(1, {"reason": slug if slug in REFUSALS else "too-many-connections"})
+        """Count one refused SSE request (``too-many-connections``, ``shutting-down`` or ``too-many-requests``)."""
+        self.refused[slug if slug in REFUSALS else "too-many-connections"] += 1
 
     @staticmethod
     def link_submit(meta: Mapping[str, str]) -> None:

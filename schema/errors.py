@@ -15,6 +15,7 @@ the others live next to the only code that raises them and name their module.
     │   └── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
     ├── ClientError                   * a bad request to our edge (publisher)
     │   ├── ProblemError              publisher.api.problems: answered as an RFC 9457 problem document
+    │   │   └── ShareExceededError    publisher.api.fair_share: the credential (or address) holds its limit: a 429
     │   ├── TokenInvalidError         publisher.api.tokens: malformed read token or bad signature
     │   └── TokenExpiredError         publisher.api.tokens: a well-signed read token past its ``exp``
     ├── InternalError                 * our bug, or Redis unreachable

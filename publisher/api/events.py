@@ -40,6 +40,7 @@ from opentelemetry import trace
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.auth import authorize_read
+from publisher.api.fair_share import Claim
 from publisher.api.limits import path_stream_id
 from publisher.api.problems import ProblemError
 from publisher.history.entries import Page
@@ -47,7 +48,7 @@ from publisher.history.store import StreamInfo
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.live.session import Session
-from publisher.state import GATE, HUB, SETTINGS, STORE, TELEMETRY
+from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.wire.sse import SSE_HEADERS, busy_body, retry_frame
 from schema.contract import parse_event_id
 from schema.errors import InternalError
@@ -155,10 +156,12 @@ async def check_first_page(request: web.Request, info: StreamInfo, page: Page, r
 async def stream_events(request: web.Request) -> web.StreamResponse:
     """Serve one stream over SSE (see the module table for every non-200 answer).
 
-    A transient refusal (``FANOUT_MAX_CONNECTIONS`` reached, shutting down, Redis pool
-    busy or unreachable, live subscription not confirmed) is never a status that makes
-    EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered around
-    ``FANOUT_BUSY_RETRY_AFTER_S`` (:func:`busy_stream`). A 200 event stream is returned
+    A transient refusal (``FANOUT_MAX_CONNECTIONS`` reached, the credential's own limit
+    reached (``FANOUT_MAX_CONNECTIONS_PER_*``, :mod:`publisher.api.fair_share`), shutting down,
+    Redis pool busy or unreachable, live subscription not confirmed) is never a status
+    that makes EventSource give up: it is a 200 holding only a ``retry:`` hint, jittered
+    around ``FANOUT_BUSY_RETRY_AFTER_S`` (``FANOUT_SHARE_RETRY_AFTER_S`` past the credential's
+    own limit: :func:`busy_stream`). A 200 event stream is returned
     prepared (headers sent) and its body written afterwards (:class:`EventStream`).
 
     Raises:
@@ -170,14 +173,20 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
     if position.seq > 0:
         telemetry.resumes.add(1)
+    shares = request.app[FAIR_SHARES]
+    claim = shares.take(request, "sse")
+    if claim is None:
+        telemetry.refusal("too-many-requests")
+        return await busy_stream(request, "too-many-requests", shares.retry_after_s)
     gate = request.app[GATE]
     refusal = gate.try_acquire()
     if refusal is not None:
+        claim.release()
         telemetry.refusal(refusal)
         return await busy_stream(request, refusal)
     response: web.StreamResponse | None = None
     try:
-        response = await _answer(request, stream_id, scope, position)
+        response = await _answer(request, stream_id, scope, position, claim)
         return response
     except ProblemError as exc:
         if exc.status == 410:
@@ -189,24 +198,29 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
         log.warning("stream %s: storage unavailable before the response: %s", stream_id, exc)
         return await busy_stream(request, "redis-unavailable")
     finally:
-        if not isinstance(response, EventStream):  # a started event stream gives the slot back when it ends
+        if not isinstance(response, EventStream):  # a started event stream gives the slots back when it ends
             gate.release()
+            claim.release()
 
 
-async def busy_stream(request: web.Request, reason: str) -> web.StreamResponse:
+async def busy_stream(request: web.Request, reason: str, retry_after_s: float | None = None) -> web.StreamResponse:
     """Answer 200 with only a ``retry:`` hint (about ``FANOUT_BUSY_RETRY_AFTER_S``, jittered ±50 %), then end.
 
     Args:
         request: The SSE request turned away.
         reason: Problem slug of the transient condition (``too-many-connections``, ...).
+        retry_after_s: The delay to hint instead, seconds (``FANOUT_SHARE_RETRY_AFTER_S``
+            for ``too-many-requests``).
     """
-    retry_ms = int(request.app[SETTINGS].busy_retry_after_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
+    delay_s = request.app[SETTINGS].busy_retry_after_s if retry_after_s is None else retry_after_s
+    retry_ms = int(delay_s * 1000 * random.uniform(0.5, 1.5))  # noqa: S311
     response = web.Response(status=200, headers=SSE_HEADERS, body=busy_body(retry_ms, reason))
     response.force_close()
     return response
 
 
-async def _answer(request: web.Request, stream_id: str, scope: Scope, position: Position) -> web.StreamResponse:
+async def _answer(request: web.Request, stream_id: str, scope: Scope, position: Position,
+                  claim: Claim) -> web.StreamResponse:
     app = request.app
     info = await app[STORE].info(stream_id)
     app[TELEMETRY].link_submit(info.meta)
@@ -214,7 +228,7 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     if early is not None:
         app[TELEMETRY].no_content.add(1)
         return early
-    stream = EventStream(request)
+    stream = EventStream(request, claim)
     reader = Reader(stream_id, position.seq, app[SETTINGS].client_queue, stream.drop, epoch=reader_epoch(info))
     hub = app[HUB]
     try:
@@ -247,18 +261,20 @@ class EventStream(web.StreamResponse):
     So while a reader is open, the handler's and the middleware's frames are gone and
     its request span has ended (it covers the handshake up to the headers, with
     ``fanout.sse.stream`` set). From :meth:`start` on, this response owns the reader's
-    place in the hub and its ``FANOUT_MAX_CONNECTIONS`` slot, and gives both back when
-    the body ends, however it ends (client gone, cancelled, error).
+    place in the hub, its ``FANOUT_MAX_CONNECTIONS`` slot and its credential's place, and
+    gives them back when the body ends, however it ends (client gone, cancelled, error).
 
     Args:
         request: The SSE request.
+        claim: The request's place under its credential (:mod:`publisher.api.fair_share`).
     """
 
-    __slots__ = ("_first", "_request", "_session")  # beside aiohttp's __dict__: these do not grow it
+    __slots__ = ("_claim", "_first", "_request", "_session")  # beside aiohttp's __dict__: these do not grow it
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, claim: Claim) -> None:
         super().__init__(status=200, headers=SSE_HEADERS)
         self._request = request
+        self._claim = claim
         self._session: Session | None = None
         self._first: list[Page] = []
         self._asked = 0
@@ -297,7 +313,7 @@ class EventStream(web.StreamResponse):
                                 telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
                                 write_timeout_s=settings.write_timeout_s,
                                 read_ahead_hold_s=settings.read_ahead_hold_ms / 1000, on_stall=self.drop,
-                                transport=request.transport, chunked=self.chunked)
+                                transport=request.transport, chunked=self.chunked, budget=app[BUDGET])
 
     async def write_eof(self, data: bytes = b"") -> None:
         """Write the body (the whole stream), then end it; give back the hub place and the slot."""
@@ -319,4 +335,5 @@ class EventStream(web.StreamResponse):
                 app[TELEMETRY].open_connections.add(-1)
                 app[HUB].leave(session.reader)
                 app[GATE].release()
+                self._claim.release()
         await super().write_eof(data)  # done already, or raises ConnectionError when the client is gone

@@ -26,7 +26,7 @@ from infra.redis_client import REDIS_ERRORS, cluster_problems
 from infra.redis_faults import fault_fields, readiness_cause
 from infra.storage import probe_write
 from publisher.api.problems import ProblemError
-from publisher.state import KEYS, REDIS, SETTINGS, SHARDS
+from publisher.state import FAIR_SHARES, KEYS, REDIS, SETTINGS, SHARDS
 from schema.redis_replies import FaultKind
 
 log = logging.getLogger("publisher.api.readiness")
@@ -78,9 +78,20 @@ async def readyz(request: web.Request) -> web.Response:
     so a publisher started before Redis, or a Redis that came back empty, is ready without
     waiting for a worker: submissions are kept from id 0 for the first worker to read.
 
+    At most ``FANOUT_MAX_STATUS_READS_PER_ADDRESS`` run at once per client address (it
+    takes no credential); one more is a 429 ``too-many-requests``.
+
     Raises:
-        ProblemError: 503 ``redis-unavailable`` naming the cause (:func:`not_ready`).
+        ProblemError: 503 ``redis-unavailable`` naming the cause (:func:`not_ready`); 429 as said.
     """
+    claim = request.app[FAIR_SHARES].claim(request, "status", anonymous=True)
+    try:
+        return await _ready(request)
+    finally:
+        claim.release()
+
+
+async def _ready(request: web.Request) -> web.Response:
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
             unready = await _check(request.app)

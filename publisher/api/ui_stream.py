@@ -11,11 +11,18 @@ situation                                                   answer
 ==========================================================  ======================
 no meta, no events, no tombstone                            404 ``not-found``
 ``?resume=1`` and the stream ended (or only its tombstone)  204: nothing to resume
+the credential holds its open streams (fair share)          429 ``too-many-requests``
 events expired (tombstone only), no ``resume``              410 ``history-expired``
 history no longer starts at seq 1                           410 ``history-trimmed``
 the first page read belongs to another generation          410 ``history-reset``
 otherwise                                                   200 ``text/event-stream``
 ==========================================================  ======================
+
+A credential holding ``FANOUT_MAX_CONNECTIONS_PER_*`` open streams (``/events`` and
+``/ui`` together, :mod:`publisher.api.fair_share`) gets a 429 with ``Retry-After``, as the
+other transient refusals here are problem documents (503): the SDK's transport reads
+this route with ``fetch``, not EventSource, and fails a non-2xx answer visibly, where a
+200 without chunks would end the message silently empty.
 
 ``?resume=1`` is the reconnect request of the SDK's transport (``reconnectToStream``,
 whose convention is 204 when no stream is active). A gap found mid-response (history
@@ -44,7 +51,8 @@ from publisher.api.problems import ProblemError
 from publisher.history.entries import Entry, Page
 from publisher.history.visibility import Projection
 from publisher.live.reader import Reader
-from publisher.state import GATE, HUB, SETTINGS, STORE
+from publisher.live.reader_budget import ReaderBudget, Waiting, page_bytes, reset_on_close
+from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.wire.sse import PING
 from publisher.wire.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
 from schema.contract import decode_event
@@ -73,14 +81,17 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
     """Serve one stream as a UI message stream (see the module table for every non-200 answer).
 
     Raises:
-        ProblemError: 401, 403, 404, 410 as tabled; 503 past ``FANOUT_MAX_CONNECTIONS``.
+        ProblemError: 401, 403, 404, 410 as tabled; 429 past the credential's
+            ``FANOUT_MAX_CONNECTIONS_PER_*``; 503 past ``FANOUT_MAX_CONNECTIONS``.
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
     resume = request.query.get("resume", "") in ("1", "true")
+    claim = request.app[FAIR_SHARES].claim(request, "sse")
     gate = request.app[GATE]
     refusal = gate.try_acquire()
     if refusal is not None:
+        claim.release()
         raise ProblemError(refusal, "the publisher cannot open another stream now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)})
     try:
@@ -107,6 +118,7 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}) from exc
     finally:
         gate.release()
+        claim.release()
 
 
 def _drop(request: web.Request) -> None:
@@ -165,6 +177,7 @@ class _UISession:
         self.app, self.request, self.response = request.app, request, response
         self.reader, self.writer, self.known_top = reader, writer, known_top
         self.settings = request.app[SETTINGS]
+        self.budget: ReaderBudget = request.app[BUDGET]
         self.last_write = time.monotonic()
 
     async def replay(self, page: Page) -> bool:
@@ -191,7 +204,9 @@ class _UISession:
                     await self.gap()
                     return True
                 stale = not page
-            page = await store.read_after(self.reader.stream_id, self.reader.cursor)
+            pending = store.read_after(self.reader.stream_id, self.reader.cursor)
+            del page  # the page written is let go while the next one is read
+            page = await pending
 
     async def live(self) -> None:
         """Send entries as the hub offers them, with a ``: ping`` comment when idle."""
@@ -213,7 +228,7 @@ class _UISession:
         """Write the chunks of ``entries``; return True once the terminal's were written."""
         data = self.writer.frames(entries)
         if data:
-            await self.write(data)
+            await self.write(data, page_bytes(entries))
         return self.writer.translator.finished
 
     async def gap(self, *, reset: bool = False) -> None:
@@ -228,16 +243,31 @@ class _UISession:
                 "stream.gap: stored history no longer follows this stream; reconnect to get the cause")
         await self.write(chunk_frame({"type": "error", "errorText": text}))
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, held: int = 0) -> None:
         """Write ``data``; drop a client that takes nothing for ``FANOUT_WRITE_TIMEOUT_S``.
 
+        While it waits, ``data`` and ``held`` bytes more (the entries it came from) count
+        against the readers' memory budgets (:mod:`publisher.live.reader_budget`).
+
         Raises:
-            ConnectionResetError: The client stopped reading.
+            ConnectionResetError: The client stopped reading, or was dropped over a budget.
         """
+        waiting = self._waiting(data, held)
         try:
             async with asyncio.timeout(self.settings.write_timeout_s):
                 await self.response.write(data)
         except TimeoutError:
             _drop(self.request)
             raise ConnectionResetError("the client stopped reading") from None
+        finally:
+            self.budget.end(waiting)
         self.last_write = time.monotonic()
+
+    def _waiting(self, data: bytes, held: int) -> Waiting:
+        transport = self.request.transport
+        own = (transport.get_write_buffer_size() if transport is not None else 0) + len(data) + held
+        return self.budget.begin(self._reset, data, 0, own)
+
+    def _reset(self) -> None:
+        reset_on_close(self.request.transport)
+        _drop(self.request)

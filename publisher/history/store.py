@@ -329,14 +329,16 @@ class Store:
         """Return True when the stream's events key still exists."""
         return bool(await self.redis.exists(self.keys.events(stream_id)))
 
-    async def read_json(self, stream_id: str, epoch: str) -> AsyncIterator[tuple[int, bytes]]:
-        """Yield ``(seq, event JSON)`` of every stored entry of generation ``epoch``, paged, for the status route.
+    async def read_json(self, stream_id: str, epoch: str, after_seq: int = 0) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(seq, event JSON)`` of every stored entry of generation ``epoch`` with seq > ``after_seq``, paged.
+
+        For the status route.
 
         Raises:
             HistoryChangedError: A page was read in another generation (meta ``epoch``
                 is no longer ``epoch``): what was yielded is not one history.
         """
-        cursor = 0
+        cursor = after_seq
         while True:
             raw, found = await self._xrange(stream_id, cursor, self.page)
             if raw and found.decode() != epoch:

@@ -81,6 +81,10 @@ class ReadAhead:
             self._telemetry.read_ahead_pages -= 1
         return page
 
+    def holding(self) -> bool:
+        """Return True while a page read ahead is held (in flight or landed, not yet taken or let go)."""
+        return self._page is not None
+
     def let_go(self) -> bool:
         """Forget the read-ahead, cancelling it while in flight; return True when there was one.
 

@@ -43,6 +43,7 @@ from publisher.history.visibility import Projection
 from publisher.live.hub import Hub
 from publisher.live.read_ahead import ReadAhead
 from publisher.live.reader import Reader, Shared
+from publisher.live.reader_budget import ENTRY_BYTES, ReaderBudget, Waiting, reset_on_close
 from publisher.telemetry import Telemetry
 from publisher.wire.sse import GAP_EVENT, PING, error_frame, gap_data
 from schema.contract import TERMINAL_TYPES
@@ -76,11 +77,13 @@ class Session:
         transport: The response's socket, for direct writes (``None``: never direct).
         chunked: The response uses chunked transfer coding (HTTP/1.1), so direct writes
             are framed as chunks.
+        budget: Memory budgets of readers waiting on their clients (``None``: none); a
+            reader past one is dropped with ``on_stall``.
     """
 
-    __slots__ = ("chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall", "projection",
-                 "read_ahead_hold_s", "reader", "response", "store", "telemetry", "transport", "write_timeout_s",
-                 "writing")
+    __slots__ = ("ahead", "budget", "chunked", "heartbeat_s", "hub", "known_top", "last_write", "on_stall",
+                 "projection", "read_ahead_hold_s", "reader", "response", "store", "telemetry", "transport",
+                 "write_timeout_s", "writing")
 
     def __init__(
         self,
@@ -98,6 +101,7 @@ class Session:
         on_stall: Callable[[], None],
         transport: asyncio.Transport | None = None,
         chunked: bool = False,
+        budget: ReaderBudget | None = None,
     ) -> None:
         self.response = response
         self.reader = reader
@@ -114,6 +118,8 @@ class Session:
         self.transport = transport
         self.chunked = chunked
         self.writing = False
+        self.budget = budget
+        self.ahead: ReadAhead | None = None
 
     async def run(self, first: list[Page], asked: int) -> None:
         """Serve the stream from the first page on.
@@ -159,7 +165,7 @@ class Session:
         every page after the first is ``store.page`` entries.
         """
         stale = False
-        ahead = ReadAhead(self.store, self.telemetry, self.read_ahead_hold_s)
+        self.ahead = ahead = ReadAhead(self.store, self.telemetry, self.read_ahead_hold_s)
         try:
             while True:
                 entries, gap_seq = self._continuing(page)
@@ -189,8 +195,10 @@ class Session:
                     stale = not page
                 # after a refused go_live, read afresh: a shared read could predate what live readers got
                 share = self.hub.share_key(self.reader) if full else None
-                page = await (ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
-                                                                    share=share))
+                pending = ahead.take() or self.store.read_after(self.reader.stream_id, self.reader.cursor, asked,
+                                                                share=share)
+                del page, entries  # the page written is let go while the next one is read
+                page = await pending
                 if not self.reader.adopt(page, page.epoch):  # the stream was written again meanwhile
                     await self._gap(self.reader.cursor, None, reset=True)
                     return True
@@ -281,14 +289,14 @@ class Session:
                 if entry.terminal:
                     break
         elif entries and isinstance(entries, Page) and (frames := entries.frames()) is not None:
-            await self._write(frames)  # a whole page, as other readers of it send it: one shared bytes object
+            await self._write(frames, len(entries))  # a whole page, as other readers send it: one shared bytes
             self.telemetry.record_write(entries, phase)
             return entries[-1].terminal
         else:  # the internal projection sees every entry: only invalid ones and what follows a terminal are left out
             end = next((index for index, entry in enumerate(entries) if entry.type in TERMINAL_TYPES), None)
             sent = [entry for entry in (entries if end is None else entries[:end + 1]) if entry.frame]
         if sent:
-            await self._write(b"".join([entry.frame for entry in sent]))
+            await self._write(b"".join([entry.frame for entry in sent]), len(entries))
             self.telemetry.record_write(sent, phase)
         return bool(sent) and sent[-1].terminal
 
@@ -304,16 +312,25 @@ class Session:
         self.telemetry.gaps.add(1)
         await self._write(error_frame(GAP_EVENT, data))
 
-    async def _write(self, frame: bytes) -> None:
+    async def _write(self, frame: bytes, count: int = 0) -> None:
         """Write ``frame`` slice by slice; drop the connection when a slice waits too long.
 
+        While a slice waits for the client, what the response holds is registered with the
+        memory budgets (:meth:`_waiting`), which may drop the connection sooner.
+
+        Args:
+            frame: The bytes to write.
+            count: How many stored entries ``frame`` holds (their memory is held with it).
+
         Raises:
-            ConnectionResetError: The client took no slice within ``write_timeout_s``.
+            ConnectionResetError: The client took no slice within ``write_timeout_s``, or
+                the connection was dropped over a memory budget.
         """
         view = memoryview(frame)
         self.writing = True
         try:
             for start in range(0, len(view), WRITE_SLICE_BYTES):
+                waiting = self._waiting(frame, count)
                 try:
                     async with asyncio.timeout(self.write_timeout_s):
                         await self.response.write(view[start:start + WRITE_SLICE_BYTES])
@@ -321,7 +338,25 @@ class Session:
                     log.info("stream %s: client stopped reading; connection dropped", self.reader.stream_id)
                     self.on_stall()
                     raise ConnectionResetError("the client stopped reading") from None
+                finally:
+                    if waiting is not None and self.budget is not None:
+                        self.budget.end(waiting)
         finally:
             self.writing = False
         self.last_write = time.monotonic()
+
+    def _waiting(self, frame: bytes, count: int) -> Waiting | None:
+        """Register a slice of ``frame`` with the budgets (its page shared; read-ahead, queue, buffer own)."""
+        if self.budget is None:
+            return None
+        held = 2 * len(frame) + ENTRY_BYTES * count  # the entries' frames, joined once more
+        own = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        own += held if self.ahead is not None and self.ahead.holding() else 0
+        own += self.reader.queued() * ENTRY_BYTES
+        return self.budget.begin(self._reset, frame, held, own)
+
+    def _reset(self) -> None:
+        """Drop the connection of a reader past a memory budget, with a reset (nothing left in the kernel)."""
+        reset_on_close(self.transport)
+        self.on_stall()
 

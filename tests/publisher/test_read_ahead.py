@@ -43,7 +43,10 @@ TOP = 700
 """Seqs stored before the readers come: a running stream (no terminal)."""
 AHEAD = f"(0-{FIRST_PAGE + PAGE}"
 """The read ahead while the second page is written: ``XRANGE (0-258 + COUNT 256``."""
-SETTINGS = {"read_first_page": FIRST_PAGE, "read_page": PAGE, "read_ahead_hold_ms": 300.0}
+SETTINGS = {"read_first_page": FIRST_PAGE, "read_page": PAGE, "read_ahead_hold_ms": 300.0,
+            "reader_budget_bytes": 1 << 30}
+"""The stalled reader holds a 12 MB page: past the default FANOUT_READER_BUDGET_BYTES it would be dropped
+after FANOUT_READER_STALL_MS (tests/publisher/test_reader_budget.py), and these tests follow it to the end."""
 
 
 def _small_buffer_socket(addr_info: Any) -> socket.socket:

@@ -91,7 +91,9 @@ async def test_storm_of_readers_arriving_at_once_is_all_served(ctx):
             nonlocal opened
             sid = sids[index % STORM_STREAMS]
             url = ctx.server.url(f"/v1/streams/{sid}/events")
-            async with http.get(url, headers=bearer(token_for(sid))) as resp:
+            # a token per reader, as a deployment that gives one to each viewer (one token holds at most
+            # FANOUT_MAX_CONNECTIONS_PER_TOKEN open streams: tests/publisher/test_fair_share.py)
+            async with http.get(url, headers=bearer(token_for(sid, ttl_s=3600 + index))) as resp:
                 assert resp.status == 200
                 client = SSEClient(resp)
                 first = await client.next_event()
