@@ -33,29 +33,37 @@ TOP = 700
 PAGE_KB = 240 * 40_000 // 1024
 """The stalled page: 240 deltas of 40 KB (9.6 MB); a leak of what a cycle holds costs at least one per cycle."""
 WARM_UP, CYCLES = 1, 6
+READER_BUDGETS = {"FANOUT_READER_BUDGET_BYTES": 64 << 20, "FANOUT_READERS_BUDGET_BYTES": 512 << 20}
+"""Budgets above what the stalled readers hold: this test is about the read-ahead they let go,
+not the budgets that drop a stalled reader (tests/publisher/test_reader_budget.py)."""
 
 
 async def cycle(publisher: PublisherProcess, sid: str, number: int, readers_n: int = 2) -> None:
     """``readers_n`` readers stall until their read-aheads are let go; one may leave; the rest read everything once."""
     dropped = await publisher.metric("fanout_sse_read_ahead_dropped_total")
     readers = [StallClient(publisher.port, sid, API_KEY) for _ in range(readers_n)]
-    for reader in readers:
-        await reader.connect()
-        await reader.read_some()
-    await publisher.until_metric("fanout_sse_read_ahead_dropped_total", dropped + readers_n)
-    if number % 2:
-        readers.pop().close()
-    for reader in readers:
-        await reader.read_until_seq(TOP)
-        reader.close()
-        assert reader.seqs == list(range(1, TOP + 1))
+    try:
+        for reader in readers:
+            await reader.connect()
+            await reader.read_some()
+        await publisher.until_metric("fanout_sse_read_ahead_dropped_total", dropped + readers_n)
+        if number % 2:
+            readers.pop().close()
+        for reader in readers:
+            await reader.read_until_seq(TOP)
+            reader.close()
+            assert reader.seqs == list(range(1, TOP + 1))
+    finally:  # a failed cycle leaves no socket for the next test's warnings
+        for reader in readers:
+            reader.close()
     await publisher.until_metric("fanout_sse_readers", 0)
 
 
 async def test_rss_stays_flat_across_stall_and_resume_cycles(
         server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
     publisher = await start_publisher(server.url, keys.prefix, metrics=True, FANOUT_READ_FIRST_PAGE=2,
-                                      FANOUT_READ_PAGE=256, FANOUT_READ_AHEAD_HOLD_MS=200, FANOUT_WRITE_TIMEOUT_S=60)
+                                      FANOUT_READ_PAGE=256, FANOUT_READ_AHEAD_HOLD_MS=200, FANOUT_WRITE_TIMEOUT_S=60,
+                                      **READER_BUDGETS)
     script = text_script("st_memory", TOP, big=240, big_bytes=40_000)
     writer = Writer(client, keys)
     await writer.meta(script.sid)
