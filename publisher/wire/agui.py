@@ -17,8 +17,9 @@ contract event                             AG-UI events
                                            message opened last in the stream, else a new one)
 ``block.delta`` text / json_text           ``TEXT_MESSAGE_CONTENT`` / ``REASONING_MESSAGE_CONTENT`` /
                                            ``TOOL_CALL_ARGS`` by block kind
-``block.delta`` signature                  kept; at ``block.stop`` one ``REASONING_ENCRYPTED_VALUE``
-                                           (subtype ``message``, or ``tool-call`` for a call)
+``block.delta`` signature                  ``REASONING_ENCRYPTED_VALUE`` holding the signature so far
+                                           (subtype ``message``, or ``tool-call`` for a call): each
+                                           one replaces the last, as AG-UI applies them
 ``block.stop`` text / reasoning            ``TEXT_MESSAGE_END`` / ``REASONING_MESSAGE_END`` +
                                            ``REASONING_END``
 ``block.stop`` tool_call                   none yet (see below)
@@ -216,7 +217,7 @@ class AGUITranslator:
         text = event.delta.text
         if event.delta.kind == "signature":
             block.signature.append(text)
-            return []
+            return self._encrypted(block)
         if block.kind == "tool_call":
             block.parts.append(text)
             return [{"type": "TOOL_CALL_ARGS", "toolCallId": block.call_id, "delta": text}]
@@ -228,18 +229,15 @@ class AGUITranslator:
         if block is None or block.closed:
             return []
         block.closed = True
-        encrypted = self._encrypted(block)
         if block.kind == "tool_call":
-            return encrypted
+            return []
         if block.kind == "reasoning":
-            return [{"type": "REASONING_MESSAGE_END", "messageId": block.message_id}, *encrypted,
+            return [{"type": "REASONING_MESSAGE_END", "messageId": block.message_id},
                     {"type": "REASONING_END", "messageId": f"{block.message_id}:span"}]
-        return [{"type": "TEXT_MESSAGE_END", "messageId": block.message_id}, *encrypted]
+        return [{"type": "TEXT_MESSAGE_END", "messageId": block.message_id}]
 
     @staticmethod
     def _encrypted(block: _Block) -> list[AGUIEvent]:
-        if not block.signature:
-            return []
         call = block.kind == "tool_call"
         return [{"type": "REASONING_ENCRYPTED_VALUE", "subtype": "tool-call" if call else "message",
                  "entityId": block.call_id if call else block.message_id, "encryptedValue": "".join(block.signature)}]

@@ -146,7 +146,7 @@ def test_call_ids_are_stable_and_never_collide_with_a_later_provider_id() -> Non
     assert [other.assign(0, "x"), other.assign(5, "x~1"), other.assign(1, "x")] == ["x", "x~1", "x~1~"]
 
 
-def test_reasoning_is_a_span_with_one_message_and_its_signature_an_encrypted_value() -> None:
+def test_reasoning_is_a_span_with_one_message_and_its_signature_so_far_an_encrypted_value() -> None:
     block = ref(0, "reasoning")
     events: list[Event] = [
         begin(),
@@ -158,9 +158,11 @@ def test_reasoning_is_a_span_with_one_message_and_its_signature_an_encrypted_val
     ]
     out = run(events)
     assert types(out) == ["RUN_STARTED", "REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
-                          "REASONING_MESSAGE_END", "REASONING_ENCRYPTED_VALUE", "REASONING_END"]
+                          "REASONING_ENCRYPTED_VALUE", "REASONING_ENCRYPTED_VALUE", "REASONING_MESSAGE_END",
+                          "REASONING_END"]
     assert out[2]["role"] == "reasoning"
     assert out[1]["messageId"] == out[-1]["messageId"] == f"{SID}:0:span"
+    assert out[4]["encryptedValue"] == "sig-"
     assert out[5] == {"type": "REASONING_ENCRYPTED_VALUE", "subtype": "message", "entityId": f"{SID}:0",
                       "encryptedValue": "sig-nature"}
 
@@ -173,6 +175,7 @@ def test_a_signature_on_a_tool_call_is_an_encrypted_value_of_the_call() -> None:
     out = run(events)
     assert out[-1] == {"type": "REASONING_ENCRYPTED_VALUE", "subtype": "tool-call", "entityId": "c1",
                        "encryptedValue": "ts"}
+    assert run(events[:-1])[-1] == out[-1]  # sent with the delta, not held until block.stop
 
 
 def test_a_refusal_is_a_text_message_marked_as_a_refusal() -> None:
