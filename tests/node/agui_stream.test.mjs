@@ -109,9 +109,23 @@ test("the raw body is what @ag-ui/encoder writes, every event valid against @ag-
   assert.ok(checked > manifest.streams.length);
 });
 
-// A fetch for the agent that passes the body on one SSE message at a time, remembers the last `id:`
-// it passed, and ends the body (as a cut connection does) once `cut(message)` says so.
-function recordingFetch(state) {
+test("two parallel calls a provider gave one id stay two tool calls, the provider's id kept", async () => {
+  const shared = manifest.streams.filter((stream) => stream.name.endsWith("_share_one_id"));
+  assert.equal(shared.length, 2, "the Anthropic-compatible and the OpenAI relay goldens");
+  for (const stream of shared) {
+    const agent = agentFor(stream);
+    await agent.runAgent({ runId: stream.stream_id });
+    const calls = agent.messages.flatMap((message) => message.toolCalls ?? []);
+    assert.equal(calls.length, 2, stream.name);
+    assert.notEqual(calls[0].id, calls[1].id);
+    assert.equal(calls[1].metadata.fanout.call_id, calls[0].id);
+    assert.notEqual(calls[0].function.arguments, calls[1].function.arguments);
+  }
+});
+
+// The network, for the resume test: passes the body on one SSE message at a time and ends it (as a
+// cut connection does) right after the first message `cut(message)` matches.
+function cuttingFetch(state) {
   return async (url, init) => {
     const response = await fetch(url, init);
     if (!response.ok || !response.body) return response;
@@ -122,6 +136,7 @@ function recordingFetch(state) {
     const body = new ReadableStream({
       async pull(controller) {
         if (state.cutNow) {
+          state.cutNow = false;
           await reader.cancel();
           controller.close();
           return;
@@ -136,8 +151,6 @@ function recordingFetch(state) {
           const message = buffer.slice(0, end + 2);
           buffer = buffer.slice(end + 2);
           controller.enqueue(encoder.encode(message));
-          const id = message.split("\n").find((line) => line.startsWith("id: "));
-          if (id) state.lastEventId = id.slice(4);
           if (state.cut?.(message)) {
             state.cut = null;
             state.cutNow = true;
@@ -153,10 +166,32 @@ function recordingFetch(state) {
   };
 }
 
+// docs/agui.md's recording fetch, as written there (over `underlying` instead of the global fetch).
+function recordingFetch(underlying, state) {
+  return async (url, init) => {
+    const response = await underlying(url, init);
+    if (!response.ok || !response.body) return response;
+    const decoder = new TextDecoder();
+    let pending = "";
+    const ids = new TransformStream({
+      transform(chunk, controller) {
+        pending += decoder.decode(chunk, { stream: true });
+        const end = pending.lastIndexOf("\n\n"); // only messages received whole count
+        if (end >= 0) {
+          for (const m of pending.slice(0, end).matchAll(/^id: (.+)$/gm)) state.lastEventId = m[1];
+          pending = pending.slice(end + 2);
+        }
+        controller.enqueue(chunk);
+      },
+    });
+    return new Response(response.body.pipeThrough(ids), { status: response.status, headers: response.headers });
+  };
+}
+
 test("a stream cut mid-way resumes exactly with Last-Event-ID on the same agent", async () => {
   const resume = manifest.resume;
   const state = { lastEventId: null, cut: (message) => message.includes("TEXT_MESSAGE_CONTENT") };
-  const agent = agentFor(resume, recordingFetch(state));
+  const agent = agentFor(resume, recordingFetch(cuttingFetch(state), state));
   const first = observer();
   await withWarnings(first.seen, () => agent.runAgent({ runId: resume.stream_id }, first.subscriber));
   assert.equal(first.seen.outcome, null, "the cut run did not end");
@@ -167,7 +202,6 @@ test("a stream cut mid-way resumes exactly with Last-Event-ID on the same agent"
   assert.equal(continued.status, 204);
 
   agent.headers = { ...agent.headers, "Last-Event-ID": state.lastEventId };
-  state.cutNow = false;
   const second = observer();
   await withWarnings(second.seen, () => agent.runAgent({ runId: resume.stream_id }, second.subscriber));
   assert.deepEqual(second.seen.warnings, []);

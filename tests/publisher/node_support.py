@@ -48,6 +48,13 @@ def node_or_skip() -> str:
     return node
 
 
+def unique_call_id(call_id: str, index: int, used: set[str]) -> str:
+    """The tool call id a client sees: the provider's when not yet used, else ``<id>~<index>`` (docs/agui.md)."""
+    chosen = call_id if call_id and call_id not in used else f"{call_id or 'call'}~{index}"
+    used.add(chosen)
+    return chosen
+
+
 def golden_events(path: Path, stream_id: str) -> list[Event]:
     """The golden's events with their stream id replaced by ``stream_id``."""
     events = []

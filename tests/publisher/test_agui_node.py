@@ -24,20 +24,21 @@ from schema.contract import Event, StreamStart
 from schema.reducer import ReasoningBlock, ToolCallBlock, reduce
 from tests.publisher.conftest import StartApp
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
-from tests.publisher.node_support import GOLDENS, control_server, golden_events, node_or_skip, run_suite, store_stream
+from tests.publisher.node_support import (
+    GOLDENS,
+    control_server,
+    golden_events,
+    node_or_skip,
+    run_suite,
+    store_stream,
+    unique_call_id,
+)
 
 
 @pytest.fixture(scope="module")
 def node_ready() -> str:
     """Path of ``node`` once ``tests/node/node_modules`` holds the pinned packages; skip without Node."""
     return node_or_skip()
-
-
-def _unique(call_id: str, index: int, used: set[str]) -> str:
-    """The id a client sees: the provider's when not yet used, else ``<id>~<index>`` (see docs/agui.md)."""
-    chosen = call_id if call_id and call_id not in used else f"{call_id or 'call'}~{index}"
-    used.add(chosen)
-    return chosen
 
 
 def _usage(events: list[Event], usage: Any, model: str | None) -> list[dict[str, Any]] | None:
@@ -68,7 +69,7 @@ def expected_view(events: list[Event]) -> dict[str, Any]:
                 assistant = {"id": message_id, "role": "assistant", "content": None, "toolCalls": [],
                              "encryptedValue": None}
                 messages.append(assistant)
-            call = {"id": _unique(block.call_id, block.index, used), "name": block.name,
+            call = {"id": unique_call_id(block.call_id, block.index, used), "name": block.name,
                     "arguments": block.arguments_text, "encryptedValue": block.signature}
             assistant["toolCalls"].append(call)
             ended.append(call["id"])
@@ -113,4 +114,4 @@ async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
         text = await run_suite(node_ready, "agui_stream.test.mjs", {"FANOUT_AGUI_MANIFEST": str(manifest)})
     finally:
         await control[0].cleanup()
-    assert f"\u2139 pass {len(GOLDENS) + 3}\n" in text, text[-3000:]  # every golden, its parent test and two more
+    assert f"\u2139 pass {len(GOLDENS) + 4}\n" in text, text[-3000:]  # every golden, its parent test and three more

@@ -21,7 +21,15 @@ from schema.contract import Event
 from schema.reducer import ReasoningBlock, ToolCallBlock, reduce
 from tests.publisher.conftest import StartApp
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
-from tests.publisher.node_support import GOLDENS, control_server, golden_events, node_or_skip, run_suite, store_stream
+from tests.publisher.node_support import (
+    GOLDENS,
+    control_server,
+    golden_events,
+    node_or_skip,
+    run_suite,
+    store_stream,
+    unique_call_id,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +42,14 @@ def expected_view(events: list[Event]) -> dict[str, Any]:
     """The reducer's result in the compact shape the Node side derives from the UIMessage parts."""
     result = reduce(events)
     parts: list[dict[str, Any]] = []
+    used: set[str] = set()
     for block in result.blocks:
         if isinstance(block, ToolCallBlock):
             usable = result.status == "completed" and block.arguments is not None
-            part: dict[str, Any] = {"type": "tool", "toolCallId": block.call_id, "toolName": block.name,
-                                    "usable": usable}
+            call_id = unique_call_id(block.call_id, block.index, used)
+            part: dict[str, Any] = {"type": "tool", "toolCallId": call_id, "toolName": block.name, "usable": usable}
+            if call_id != block.call_id:
+                part["providerCallId"] = block.call_id
             if usable:
                 part["input"] = block.arguments
             parts.append(part)
@@ -75,4 +86,4 @@ async def test_ai_sdk_reads_every_golden_and_resumes_a_dropped_stream(
         text = await run_suite(node_ready, "ui_stream.test.mjs", {"FANOUT_UI_MANIFEST": str(manifest)})
     finally:
         await control[0].cleanup()
-    assert f"\u2139 pass {len(GOLDENS) + 3}\n" in text, text[-3000:]  # every golden, its parent test and two more
+    assert f"\u2139 pass {len(GOLDENS) + 4}\n" in text, text[-3000:]  # every golden, its parent test and three more
