@@ -103,11 +103,11 @@ def token_usage(usage: Usage | None, provider: str, model: str | None) -> list[d
 
 
 class _Block:
-    __slots__ = ("call_id", "closed", "kind", "message_id", "name", "parts", "provider_id", "signature")
+    __slots__ = ("call_id", "closed", "kind", "message_id", "name", "parts", "provider_id", "signature", "visibility")
 
     def __init__(self, kind: str, message_id: str) -> None:
         self.kind, self.message_id = kind, message_id
-        self.call_id = self.name = self.provider_id = ""
+        self.call_id = self.name = self.provider_id = self.visibility = ""
         self.parts: list[str] = []
         self.signature: list[str] = []
         self.closed = False
@@ -132,7 +132,16 @@ class AGUITranslator:
         """A terminal event was translated; nothing more will be produced."""
 
     def feed(self, event: Event) -> list[AGUIEvent]:
-        """Return the AG-UI events for one contract event (empty for events that map to nothing)."""
+        """Return the AG-UI events for one contract event (empty for events that map to nothing).
+
+        Each carries the event's ``ts`` as its ``timestamp`` (ms since the Unix epoch).
+        """
+        events = self._translate(event)
+        for out in events:
+            out.setdefault("timestamp", event.ts)
+        return events
+
+    def _translate(self, event: Event) -> list[AGUIEvent]:
         if self.finished:
             return []
         if isinstance(event, StreamStart):
@@ -187,14 +196,14 @@ class AGUITranslator:
             block.message_id = self._assistant
             return [self._call_start(block)]
         if kind == "reasoning":
-            block.name = "internal" if event.visibility == "internal" else "public"
+            block.visibility = event.visibility or "public"
         else:
             self._assistant = block.message_id
         return self._opening(block)
 
     def _opening(self, block: _Block) -> list[AGUIEvent]:
         if block.kind == "reasoning":
-            meta = {"fanout": {"visibility": block.name}}
+            meta = {"fanout": {"visibility": block.visibility}}
             return [{"type": "REASONING_START", "messageId": f"{block.message_id}:span"},
                     {"type": "REASONING_MESSAGE_START", "messageId": block.message_id, "role": "reasoning",
                      "metadata": meta}]

@@ -35,6 +35,12 @@ the SDK keys a tool part by ``toolCallId``, so two parallel calls a provider gav
 A derived id keeps the provider's in the part's provider metadata
 (``callProviderMetadata.fanout.call_id``), to be sent back upstream unchanged.
 
+The chunk types of ``ai``'s ``uiMessageChunkSchema`` left unused have nothing in the
+contract to carry: ``source-*`` and ``file`` (no citations or files in contract v1),
+``tool-output-*`` and ``tool-approval-request`` (fanout streams a model's answer, it runs
+no tools), ``data-*`` and ``message-metadata`` (what fanout knows late rides on
+``finish``).
+
 So no chunk ever makes a tool input executable (state ``input-available``) unless fanout's
 rule allows it: the call's block closed, with parseable arguments, in a ``completed``
 stream (CONTRACT.md, "Terminal states"). ``finish`` carries the finish reason mapped to

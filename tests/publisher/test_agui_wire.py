@@ -25,8 +25,17 @@ SID = "st_agui"
 
 
 def run(events: list[Event]) -> list[dict[str, Any]]:
-    translator = AGUITranslator()
-    return [out for event in events for out in translator.feed(event)]
+    """The translation of ``events``, each event's ``timestamp`` checked and left out."""
+    return plain(AGUITranslator(), events)
+
+
+def plain(translator: AGUITranslator, events: list[Event]) -> list[dict[str, Any]]:
+    out = []
+    for event in events:
+        for produced in translator.feed(event):
+            assert produced.pop("timestamp") == event.ts
+            out.append(produced)
+    return out
 
 
 def types(events: list[dict[str, Any]]) -> list[str]:
@@ -74,7 +83,7 @@ def test_a_text_stream_is_one_run_with_one_text_message_per_block() -> None:
     out = run([begin(), *text_block(2, 0, "Hel"), *text_block(5, 1, "lo"), completed(8)])
     assert types(out) == ["RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
                           "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
-    assert out[0] == {"type": "RUN_STARTED", "threadId": SID, "runId": SID, "protocolVersion": "1.0", "timestamp": 5,
+    assert out[0] == {"type": "RUN_STARTED", "threadId": SID, "runId": SID, "protocolVersion": "1.0",
                       "metadata": {"fanout": {"stream_id": SID, "provider": "anthropic", "model": "m"}}}
     assert out[1] == {"type": "TEXT_MESSAGE_START", "messageId": f"{SID}:0", "role": "assistant"}
     assert out[2] == {"type": "TEXT_MESSAGE_CONTENT", "messageId": f"{SID}:0", "delta": "Hel"}
@@ -91,13 +100,14 @@ def test_thread_id_comes_from_the_job_metadata_when_it_is_a_string() -> None:
 def test_tool_call_end_is_held_back_until_the_stream_completed() -> None:
     events = [begin(), *text_block(2, 0, "Let me look."), *tool_block(5, 1, "call_1", '{"city":"Oslo"}')]
     translator = AGUITranslator()
-    before_end = [out for event in events for out in translator.feed(event)]
+    before_end = plain(translator, events)
     assert "TOOL_CALL_END" not in types(before_end)
     assert before_end[-2] == {"type": "TOOL_CALL_START", "toolCallId": "call_1", "toolCallName": "get_weather",
                               "parentMessageId": f"{SID}:0"}
     assert before_end[-1] == {"type": "TOOL_CALL_ARGS", "toolCallId": "call_1", "delta": '{"city":"Oslo"}'}
     end = translator.feed(completed(8))
     assert types(end) == ["TOOL_CALL_END", "RUN_FINISHED"]
+    assert {event["timestamp"] for event in end} == {9}
     assert translator.finished
 
 
