@@ -14,6 +14,7 @@ from tests.publisher.helpers import (
     block_start,
     delta,
     done,
+    make_settings,
     start,
     stop,
     text_stream,
@@ -136,3 +137,17 @@ async def test_agui_history_reset_mid_response_ends_with_a_run_error(ctx: Ctx) -
     assert got[-1][0] is None
     assert got[-1][1]["type"] == "RUN_ERROR"
     assert got[-1][1]["code"] == "history_reset"
+
+
+async def test_agui_counts_in_the_credentials_share_and_answers_429_one_past_it(ctx: Ctx) -> None:
+    server = await ctx.start_app(make_settings(max_connections_per_token=1, share_retry_after_s=4))
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    url, token = server.url(f"/v1/streams/{ctx.sid}/agui"), token_for(ctx.sid)
+    held = await ctx.http.get(url, headers=bearer(token))
+    assert held.status == 200
+    assert await held.content.readline() == b"id: 1\n"  # the response is open: its place is held
+    async with ctx.http.get(url, headers=bearer(token)) as response:
+        assert response.status == 429
+        assert response.headers["Retry-After"] == "4"
+        assert (await response.json())["type"].endswith("too-many-requests")
+    held.close()
