@@ -15,13 +15,10 @@ for all of them; the reads of every topic that asked are made together
 
 Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
 interval), not one per response. Every half heartbeat interval the topics that heard
-nothing for that long are audited (:mod:`publisher.live.audit`): a lost notification is read,
-lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
-An audit not answered within its interval (or within ``FANOUT_REDIS_TIMEOUT_S``, when
-that is longer: a Redis answering within it is slow, not gone) has failed. When two
-audits in a row fail (Redis frozen or cut off), the live readers of the topics that heard
-nothing meanwhile are closed, so their clients reconnect and resume instead of
-getting only heartbeats.
+nothing for that long are audited (:mod:`publisher.live.audit`): a lost notification is
+read, lost history closes the topic's live readers with ``gap``, and when two audits in a
+row fail (Redis frozen or cut off) the live readers of the topics that heard nothing
+meanwhile are closed, so their clients reconnect and resume.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.

@@ -164,15 +164,9 @@ class ShardLinks:
             batch, shard.pending = shard.pending, []
             for op, run in runs(batch):
                 if op == "sub":
-                    self._subscribe(shard, run)
+                    shard.subscribe(self._by_slot(run), self._topic_of)
                 else:
-                    self._unsubscribe(shard, run)
-
-    def _subscribe(self, shard: Shard, channels: Iterable[bytes]) -> None:
-        shard.subscribe(self._by_slot(channels), self._topic_of)
-
-    def _unsubscribe(self, shard: Shard, channels: Iterable[bytes]) -> None:
-        shard.unsubscribe(self._by_slot(channels))
+                    shard.unsubscribe(self._by_slot(run))
 
     def _by_slot(self, channels: Iterable[bytes]) -> list[list[bytes]]:
         runs: dict[int, list[bytes]] = {}
@@ -199,7 +193,7 @@ class ShardLinks:
                 return
             shard.reset()
             if shard.channels:
-                self._subscribe(shard, list(shard.channels))
+                shard.subscribe(self._by_slot(list(shard.channels)), self._topic_of)
             await shard.lost.wait()
             if self._closing or shard.retired:
                 return
@@ -293,7 +287,7 @@ class ShardLinks:
         if self._route.get(channel) is shard:
             self._on_subscribed(channel)
         else:  # routed elsewhere meanwhile (or left): do not keep a second subscription here
-            self._unsubscribe(shard, [channel])
+            shard.unsubscribe(self._by_slot([channel]))
 
     def _dropped(self, shard: Shard, channel: bytes) -> None:
         if shard.unsubscribed(channel):
