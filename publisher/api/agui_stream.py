@@ -7,7 +7,7 @@ Same tokens and visibility as ``/events`` (:func:`publisher.api.auth.authorize_r
 event carrying the stored event's SSE ``id`` (``<seq>.<epoch>``). The position is read
 as ``/events`` reads it (``Last-Event-ID``, else ``last_event_id``), and answered as
 ``/events`` answers it before the body (400, 404, 410, and 204 when the client already
-holds the terminal event: :func:`publisher.api.events.early_answer`), but for
+holds the terminal event: :func:`publisher.api.positions.early_answer`), but for
 ``429 too-many-requests`` past the credential's share, since AG-UI clients read with
 ``fetch`` (as ``/ui``'s do).
 
@@ -31,12 +31,12 @@ from typing import Final
 from aiohttp import web
 
 from publisher.api.auth import authorize_read
-from publisher.api.events import check_first_page, early_answer, parse_position, reader_epoch
 from publisher.api.limits import path_stream_id
+from publisher.api.positions import Position, check_first_page, early_answer, parse_position, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.api.projected import drop, entry_id, entry_json, serve_projected
 from publisher.history.entries import Entry
-from publisher.history.visibility import Projection
+from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.wire.agui import AGUIEvent, AGUITranslator, sse_frame
@@ -70,27 +70,32 @@ async def stream_agui(request: web.Request) -> web.StreamResponse:
         raise ProblemError(refusal, "the publisher cannot open another stream now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)})
     try:
-        info = await request.app[STORE].info(stream_id)
-        early = early_answer(stream_id, info, position)
-        if early is not None:
-            return early
-        reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: drop(request),
-                        epoch=reader_epoch(info))
-        hub = request.app[HUB]
-        try:
-            await hub.join(reader)
-            page = await request.app[STORE].read_after(stream_id, 0)
-            await check_first_page(request, info, page, reader)
-            writer = AGUIWriter(Projection(scope), after=position.seq)
-            return await serve_projected(request, reader, writer, page, info.last_seq, headers=AGUI_HEADERS)
-        finally:
-            hub.leave(reader)
+        return await _answer(request, stream_id, scope, position)
     except InternalError as exc:  # the live subscription was not confirmed: nothing was sent yet
         raise ProblemError("redis-unavailable", "the live channel is not available now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}) from exc
     finally:
         gate.release()
         claim.release()
+
+
+async def _answer(request: web.Request, stream_id: str, scope: Scope, position: Position) -> web.StreamResponse:
+    """Answer 204, 404 or 410 as ``/events`` does, else serve from seq 1 (the slot is held by the caller)."""
+    info = await request.app[STORE].info(stream_id)
+    early = early_answer(stream_id, info, position)
+    if early is not None:
+        return early
+    reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: drop(request),
+                    epoch=reader_epoch(info))
+    hub = request.app[HUB]
+    try:
+        await hub.join(reader)
+        page = await request.app[STORE].read_after(stream_id, 0)
+        await check_first_page(request, info, page, reader)
+        writer = AGUIWriter(Projection(scope), after=position.seq)
+        return await serve_projected(request, reader, writer, page, info.last_seq, headers=AGUI_HEADERS)
+    finally:
+        hub.leave(reader)
 
 
 class AGUIWriter:
