@@ -215,3 +215,26 @@ test("a stream cut mid-way resumes exactly with Last-Event-ID on the same agent"
   });
   assert.equal(after.status, 204, "a client holding the terminal event gets 204");
 });
+
+test("every golden transcript, cut half-way and resumed with Last-Event-ID, assembles the same", async (t) => {
+  for (const stream of manifest.streams) {
+    await t.test(stream.name, async () => {
+      const raw = await (await fetch(aguiUrl(stream), { headers: { Authorization: `Bearer ${stream.token}` } })).text();
+      const total = raw.split("\n\n").filter((m) => m.startsWith("id: ") || m.startsWith("data: ")).length;
+      let passed = 0;
+      const half = Math.max(1, Math.floor(total / 2));
+      const state = { lastEventId: null, cut: () => ++passed === half };
+      const agent = agentFor(stream, recordingFetch(cuttingFetch(state), state));
+      const first = observer();
+      const second = observer();
+      await withWarnings(first.seen, () => agent.runAgent({ runId: stream.stream_id }, first.subscriber));
+      assert.ok(state.lastEventId, "the first part carried an id");
+      agent.headers = { ...agent.headers, "Last-Event-ID": state.lastEventId };
+      await withWarnings(second.seen, () => agent.runAgent({ runId: stream.stream_id }, second.subscriber));
+      assert.deepEqual([...first.seen.warnings, ...second.seen.warnings], []);
+      assert.deepEqual(compact(agent.messages), stream.expected.messages, `cut after message ${half} of ${total}`);
+      assert.deepEqual([...new Set([...first.seen.ended, ...second.seen.ended])], stream.expected.ended);
+      assert.equal(second.seen.outcome ?? first.seen.outcome, stream.expected.outcome);
+    });
+  }
+});

@@ -207,13 +207,18 @@ def test_usage_keeps_absent_counts_absent_and_sums_the_total_only_when_both_are_
 def test_reattach_restarts_the_run_and_reopens_what_is_still_open() -> None:
     translator = AGUITranslator()
     for event in [begin(), *text_block(2, 0, "done"), *tool_block(5, 1, "c1", "{}"),
-                  BlockStart(stream_id=SID, seq=8, ts=0, block=ref(2, "text"))]:
+                  BlockStart(stream_id=SID, seq=8, ts=0, block=ref(2, "text")),
+                  BlockStart(stream_id=SID, seq=9, ts=0, block=ref(3, "reasoning"), visibility="public",
+                             redacted=False)]:
         translator.feed(event)
     again = translator.reattach()
-    assert types(again) == ["RUN_STARTED", "TOOL_CALL_START", "TEXT_MESSAGE_START"]
+    assert types(again) == ["RUN_STARTED", "TOOL_CALL_START", "TEXT_MESSAGE_START", "REASONING_START",
+                            "REASONING_MESSAGE_START"]
     assert again[0]["runId"] == SID
     assert again[1]["toolCallId"] == "c1"
+    assert again[1]["parentMessageId"] == f"{SID}:0"
     assert again[2]["messageId"] == f"{SID}:2"
+    assert again[4]["messageId"] == f"{SID}:3"
 
 
 def test_nothing_follows_the_terminal_and_unknown_input_maps_to_nothing() -> None:
