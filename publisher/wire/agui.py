@@ -79,6 +79,9 @@ def sse_frame(event: AGUIEvent, event_id: bytes = b"") -> bytes:
     Args:
         event: The event.
         event_id: The SSE ``id`` to send first (``<seq>.<epoch>``), or empty for none.
+
+    Returns:
+        One complete SSE message (UTF-8), ending with a blank line.
     """
     data = b"data: " + msgspec.json.encode(event) + b"\n\n"
     return b"id: " + event_id + b"\n" + data if event_id else data
@@ -87,7 +90,15 @@ def sse_frame(event: AGUIEvent, event_id: bytes = b"") -> bytes:
 def token_usage(usage: Usage | None, provider: str, model: str | None) -> list[dict[str, Any]] | None:
     """Return AG-UI's ``usage`` (one ``TokenUsage`` entry) for a contract usage, or ``None`` without counts.
 
-    Absent counts stay absent (never 0); ``totalTokens`` only when both totals are known.
+    Args:
+        usage: The terminal event's usage (the contract's accounting is AG-UI's: cache
+            reads inside ``input_tokens``, reasoning inside ``output_tokens``).
+        provider: The ``stream.start`` provider, for the entry's ``provider``.
+        model: The model that answered, for the entry's ``model`` (left out when empty).
+
+    Returns:
+        ``[entry]`` with the counts the provider reported (an absent count stays absent,
+        never 0; ``totalTokens`` only when both totals are known), or ``None``.
     """
     if usage is None:
         return None
