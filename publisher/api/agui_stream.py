@@ -38,7 +38,7 @@ from publisher.api.projected import drop, entry_id, entry_json, serve_projected
 from publisher.history.entries import Entry
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
-from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE
+from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.wire.agui import AGUIEvent, AGUITranslator, sse_frame
 from schema.contract import decode_event
 from schema.errors import InternalError
@@ -62,6 +62,8 @@ async def stream_agui(request: web.Request) -> web.StreamResponse:
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
     position = parse_position(request)
+    if position.seq > 0:
+        request.app[TELEMETRY].resumes.add(1)
     claim = request.app[FAIR_SHARES].claim(request, "sse")
     gate = request.app[GATE]
     refusal = gate.try_acquire()
@@ -71,6 +73,10 @@ async def stream_agui(request: web.Request) -> web.StreamResponse:
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)})
     try:
         return await _answer(request, stream_id, scope, position)
+    except ProblemError as exc:
+        if exc.status == 410:
+            request.app[TELEMETRY].gone.add(1, {"cause": exc.slug})
+        raise
     except InternalError as exc:  # the live subscription was not confirmed: nothing was sent yet
         raise ProblemError("redis-unavailable", "the live channel is not available now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}) from exc
@@ -80,10 +86,14 @@ async def stream_agui(request: web.Request) -> web.StreamResponse:
 
 
 async def _answer(request: web.Request, stream_id: str, scope: Scope, position: Position) -> web.StreamResponse:
-    """Answer 204, 404 or 410 as ``/events`` does, else serve from seq 1 (the slot is held by the caller)."""
+    """Answer 204, 404 or 410 as ``/events`` does (and counts them alike), else serve from seq 1.
+
+    The caller holds the connection's slot.
+    """
     info = await request.app[STORE].info(stream_id)
     early = early_answer(stream_id, info, position)
     if early is not None:
+        request.app[TELEMETRY].no_content.add(1)
         return early
     reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: drop(request),
                     epoch=reader_epoch(info))

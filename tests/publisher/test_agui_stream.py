@@ -6,6 +6,9 @@ import asyncio
 import json
 from typing import Any
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from tests.publisher.conftest import Ctx
 from tests.publisher.helpers import (
     API_KEY,
@@ -151,3 +154,31 @@ async def test_agui_counts_in_the_credentials_share_and_answers_429_one_past_it(
         assert response.headers["Retry-After"] == "4"
         assert (await response.json())["type"].endswith("too-many-requests")
     held.close()
+
+
+def counted(reader: InMemoryMetricReader, name: str, **attributes: str) -> float:
+    data = reader.get_metrics_data()
+    return sum(point.value for resource in (data.resource_metrics if data else [])
+               for scope in resource.scope_metrics for metric in scope.metrics if metric.name == name
+               for point in metric.data.data_points
+               if all(point.attributes.get(k) == v for k, v in attributes.items()))
+
+
+async def test_agui_counts_resumes_204s_and_410s_as_events_does(ctx: Ctx) -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        server = await ctx.start_app(meter_provider=meters)
+        writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+        await writer.meta()
+        await writer.append(*text_stream(ctx.sid, 1))
+        url = server.url(f"/v1/streams/{ctx.sid}/agui")
+        for position, status in (("2", 200), ("5", 204), ("9", 410)):
+            async with ctx.http.get(url, headers={**bearer(API_KEY), "Last-Event-ID": position}) as response:
+                assert response.status == status
+                await response.read()
+        assert counted(reader, "fanout.sse.resumes") == 3
+        assert counted(reader, "fanout.sse.no_content") == 1
+        assert counted(reader, "fanout.sse.gone", cause="position-ahead") == 1
+    finally:
+        meters.shutdown()
