@@ -123,6 +123,15 @@ test("two parallel calls a provider gave one id stay two tool calls, the provide
   }
 });
 
+test("HttpAgent 1.0's connectAgent reads nothing: joining a stream goes through requestInit", async () => {
+  const stream = manifest.streams[0];
+  let requests = 0;
+  const agent = new HttpAgent({ url: aguiUrl(stream), fetch: (...args) => { requests += 1; return fetch(...args); } });
+  const result = await agent.connectAgent({ runId: stream.stream_id });
+  assert.equal(requests, 0);
+  assert.deepEqual(result.newMessages, []);
+});
+
 // The network, for the resume test: passes the body on one SSE message at a time and ends it (as a
 // cut connection does) right after the first message `cut(message)` matches.
 function cuttingFetch(state) {

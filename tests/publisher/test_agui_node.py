@@ -114,5 +114,5 @@ async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
         text = await run_suite(node_ready, "agui_stream.test.mjs", {"FANOUT_AGUI_MANIFEST": str(manifest)})
     finally:
         await control[0].cleanup()
-    # every golden twice (read whole; cut and resumed), their two parent tests and three more
-    assert f"\u2139 pass {2 * len(GOLDENS) + 5}\n" in text, text[-3000:]
+    # every golden twice (read whole; cut and resumed), their two parent tests and four more
+    assert f"\u2139 pass {2 * len(GOLDENS) + 6}\n" in text, text[-3000:]
