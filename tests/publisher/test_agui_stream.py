@@ -182,3 +182,16 @@ async def test_agui_counts_resumes_204s_and_410s_as_events_does(ctx: Ctx) -> Non
         assert counted(reader, "fanout.sse.gone", cause="position-ahead") == 1
     finally:
         meters.shutdown()
+
+
+async def test_agui_answers_503_with_retry_after_past_the_publishers_connections(ctx: Ctx) -> None:
+    server = await ctx.start_app(make_settings(max_connections=1, busy_retry_after_s=3))
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(start(ctx.sid))
+    url = server.url(f"/v1/streams/{ctx.sid}/agui")
+    held = await ctx.http.get(url, headers=bearer(token_for(ctx.sid)))
+    assert await held.content.readline() == b"id: 1\n"  # the one connection is open
+    async with ctx.http.get(url, headers=bearer(API_KEY)) as response:
+        assert response.status == 503
+        assert response.headers["Retry-After"] == "3"
+        assert (await response.json())["type"].endswith("too-many-connections")
+    held.close()
