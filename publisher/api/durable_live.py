@@ -179,13 +179,15 @@ class LiveRead:
         self.request, self.tail, self.projection = request, tail, projection
         self.settings = request.app[SETTINGS]
         self.epoch = start.epoch
+        self.seq = start.seq
+        """The last seq handed out (the reader's cursor may be ahead: entries queued meanwhile)."""
         self.closed = False
         self.cursor = response_cursor(cursor, time.time(), random.randint(1, MAX_JITTER_S))  # noqa: S311
 
     @property
     def offset(self) -> str:
         """The offset after everything handed out."""
-        return format_offset(self.tail.reader.cursor, self.epoch)
+        return format_offset(self.seq, self.epoch)
 
     async def batch(self, timeout_s: float) -> tuple[list[bytes], bool, bool]:
         """Take the next entries.
@@ -200,7 +202,7 @@ class LiveRead:
             entries, end = stop.entries, True
         if entries:
             self.epoch = self.tail.reader.epoch.decode() if self.tail.reader.epoch else self.epoch
-            self.closed = entries[-1].terminal
+            self.seq, self.closed = entries[-1].seq, entries[-1].terminal
         found = await messages(self.request, self.projection, self.tail.reader.stream_id, entries)
         return found, bool(entries), end or self.closed
 
