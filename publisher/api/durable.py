@@ -33,8 +33,8 @@ from aiohttp import web
 from publisher.api.auth import authorize_read
 from publisher.api.durable_live import serve_live
 from publisher.api.durable_read import Query, contiguous, messages, parse_query, resolve
-from publisher.api.events import check_first_page, reader_epoch
 from publisher.api.limits import path_stream_id
+from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.durable_read import Query, Start, contiguous, messages, resolve
-from publisher.api.events import check_first_page, reader_epoch
+from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.history.entries import Entry, Page
 from publisher.history.visibility import Projection, Scope

@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 
 from aiohttp import web
 
-from publisher.api.events import Position, check_epoch
+from publisher.api.positions import Position, check_epoch
 from publisher.api.problems import FieldError, ProblemError
 from publisher.api.ui_stream import entry_json
 from publisher.history.entries import Entry
