@@ -55,6 +55,7 @@ async def test_a_catch_up_read_from_the_start_is_every_event_as_a_json_array(ctx
     assert headers["Stream-Closed"] == "true"
     assert headers["Cache-Control"] == "no-store"  # the start of a stream can be written again
     assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Cross-Origin-Resource-Policy"] == "same-origin"
     assert headers["ETag"].endswith(':c"')
 
 
@@ -85,6 +86,7 @@ async def test_a_read_at_the_tail_of_a_running_stream_is_empty_and_up_to_date_no
         assert await response.json() == []
         assert response.headers["Stream-Next-Offset"] == tail
         assert response.headers["Stream-Up-To-Date"] == "true"
+        assert response.headers["Cache-Control"] == "no-store"  # the tail moves
         assert "Stream-Closed" not in response.headers
 
 
@@ -133,6 +135,7 @@ async def test_an_unknown_stream_is_404_and_a_missing_credential_401(ctx: Ctx) -
     async with ctx.http.get(durable(ctx, "?offset=-1"), headers=auth(ctx)) as response:
         assert response.status == 404
         assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Cross-Origin-Resource-Policy"] == "same-origin"
     async with ctx.http.get(durable(ctx, "?offset=-1")) as response:
         assert response.status == 401
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from publisher.state import FAIR_SHARES
 from publisher.wire.durable import format_offset
@@ -168,13 +169,31 @@ async def test_live_reads_of_unknown_or_expired_streams_get_the_read_answers(ctx
             assert response.status == 410
 
 
-async def test_a_credential_past_its_live_share_is_429_with_retry_after(ctx: Ctx) -> None:
-    server = await ctx.start_app(make_settings(max_connections_per_token=1, durable_long_poll_s=5.0))
+@pytest.mark.parametrize(("limit", "status"), [({"max_connections_per_token": 1}, 429),
+                                             ({"max_connections": 1}, 503)])
+async def test_a_live_read_past_a_connection_limit_is_refused_with_retry_after(ctx: Ctx, limit: dict[str, int],
+                                                                                status: int) -> None:
+    server = await ctx.start_app(make_settings(**limit, durable_long_poll_s=5.0))
     await running(ctx, [start(ctx.sid)])
     url = server.url(f"/v1/streams/{ctx.sid}/durable?offset={format_offset(1, EPOCH)}&live=long-poll")
     held = asyncio.ensure_future(ctx.http.get(url, headers=auth(ctx)))
     await eventually(lambda: server.app[FAIR_SHARES].held("sse") == 1)
     async with ctx.http.get(url, headers=auth(ctx)) as response:
-        assert response.status == 429
+        assert response.status == status
         assert "Retry-After" in response.headers
     held.cancel()
+
+
+async def test_sse_ends_when_history_stops_following_and_the_reconnect_gets_410(ctx: Ctx) -> None:
+    writer = await running(ctx, [start(ctx.sid)])
+    offset = format_offset(1, EPOCH)
+    url = ctx.server.url(f"/v1/streams/{ctx.sid}/durable?offset={offset}&live=sse")
+    async with ctx.http.get(url, headers=auth(ctx)) as response:
+        first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), GUARD_S)
+        assert json.loads(first.split(b"data: ", 1)[1])["upToDate"] is True
+        await writer.append(delta(ctx.sid, 3, 0))  # seq 2 is never stored: a gap
+        got = await sse_events(response)
+    assert all(name == "ping" for name, _ in got)  # nothing past the gap, no streamClosed
+    async with ctx.http.get(url, headers=auth(ctx)) as response:
+        assert response.status == 410
+        assert (await response.json(content_type=None))["type"].endswith("/history-trimmed")
