@@ -201,7 +201,7 @@ class LiveRead:
         except _StopAfterError as stop:
             entries, end = stop.entries, True
         if entries:
-            self.epoch = self.tail.reader.epoch.decode() if self.tail.reader.epoch else self.epoch
+            self.epoch = entries[-1].epoch.decode() or self.epoch  # heard live, a first reader learns it here
             self.seq, self.closed = entries[-1].seq, entries[-1].terminal
         found = await messages(self.request, self.projection, self.tail.reader.stream_id, entries)
         return found, bool(entries), end or self.closed

@@ -197,3 +197,17 @@ async def test_sse_ends_when_history_stops_following_and_the_reconnect_gets_410(
     async with ctx.http.get(url, headers=auth(ctx)) as response:
         assert response.status == 410
         assert (await response.json(content_type=None))["type"].endswith("/history-trimmed")
+
+
+async def test_offsets_of_a_stream_read_live_since_it_was_queued_carry_its_epoch(ctx: Ctx) -> None:
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid, epoch=EPOCH.encode())
+    await writer.meta(state="queued")
+    url = ctx.server.url(f"/v1/streams/{ctx.sid}/durable?offset=-1&live=sse")
+    async with ctx.http.get(url, headers=auth(ctx)) as response:
+        first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), GUARD_S)
+        assert json.loads(first.split(b"data: ", 1)[1])["streamNextOffset"] == format_offset(0, None)
+        await writer.append(*text_stream(ctx.sid, 1), full=True)
+        got = await sse_events(response)
+    controls = [body for name, body in got if name == "control"]
+    assert controls[-1]["streamClosed"] is True
+    assert all(control["streamNextOffset"].endswith(f".{EPOCH}") for control in controls)
