@@ -42,6 +42,7 @@ from publisher.wire.durable import (
     ReadState,
     control_event,
     data_event,
+    entity_tag,
     format_offset,
     json_array,
     read_headers,
@@ -178,7 +179,7 @@ class LiveRead:
                  cursor: str | None) -> None:
         self.request, self.tail, self.projection = request, tail, projection
         self.settings = request.app[SETTINGS]
-        self.epoch = start.epoch
+        self.epoch, self.start = start.epoch, start.offset
         self.seq = start.seq
         """The last seq handed out (the reader's cursor may be ahead: entries queued meanwhile)."""
         self.closed = False
@@ -218,9 +219,10 @@ class LiveRead:
         except TailEndedError as exc:  # nothing handed out yet: the client asks again and gets the cause
             log.info("durable long-poll %s ended: %s", self.tail.reader.stream_id, exc)
         state = ReadState(self.offset, up_to_date=self.tail.up_to_date, closed=self.closed)
-        headers = read_headers(state, cache_control=NO_STORE, cursor=self.cursor)
         if not found:
-            return web.Response(status=204, headers=headers)
+            return web.Response(status=204, headers=read_headers(state, cache_control=NO_STORE, cursor=self.cursor))
+        tag = entity_tag("public" if self.projection.public else "internal", self.start, state)
+        headers = read_headers(state, cache_control=NO_STORE, cursor=self.cursor, etag=tag)
         return web.Response(body=json_array(found), headers=headers)
 
     async def sse(self) -> web.StreamResponse:

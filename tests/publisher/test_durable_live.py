@@ -77,6 +77,7 @@ async def test_long_poll_behind_the_tail_answers_stored_events_at_once(ctx: Ctx)
     async with ctx.http.get(url, headers=auth(ctx)) as response:
         assert response.status == 200
         assert [item["seq"] for item in await response.json()] == [1, 2, 3]
+        assert response.headers["ETag"] == f'"public:{format_offset(0, None)}:{format_offset(3, EPOCH)}"'
 
 
 async def test_long_poll_times_out_with_204_up_to_date_and_a_cursor(ctx: Ctx) -> None:
