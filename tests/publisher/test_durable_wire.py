@@ -57,6 +57,7 @@ def test_a_malformed_offset_is_refused(raw: str) -> None:
 
 
 def test_a_seq_too_long_for_an_offset_is_refused() -> None:
+    assert parse_offset(format_offset(10**OFFSET_DIGITS - 1, None)) == Offset(10**OFFSET_DIGITS - 1, None)
     with pytest.raises(ValueError, match="does not fit"):
         format_offset(10**OFFSET_DIGITS, None)
 
@@ -67,6 +68,7 @@ def test_the_cursor_is_the_current_interval_without_a_client_cursor() -> None:
     assert response_cursor("999", now_s, 1) == "1000"  # behind: the current interval
     assert response_cursor("x1", now_s, 1) == "1000"  # not a cursor: ignored
     assert response_cursor("9" * 19, now_s, 1) == "1000"  # too long: ignored
+    assert response_cursor("9" * 18, now_s, 1) == str(10**18)  # the longest kept: moved forward
 
 
 @pytest.mark.parametrize(("jitter_s", "added"), [(1, 1), (20, 1), (21, 2), (MAX_JITTER_S, 180)])
