@@ -212,3 +212,40 @@ async def test_offsets_of_a_stream_read_live_since_it_was_queued_carry_its_epoch
     controls = [body for name, body in got if name == "control"]
     assert controls[-1]["streamClosed"] is True
     assert all(control["streamNextOffset"].endswith(f".{EPOCH}") for control in controls)
+
+
+class AppendOnBlockSearch:
+    """Forwards to the real client; the first XREVRANGE (a block-start search) first stores one more event."""
+
+    def __init__(self, inner: Any, append: Any) -> None:
+        self._inner, self._append, self.fired = inner, append, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def xrevrange(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.fired:
+            self.fired = True
+            await self._append()
+            await asyncio.sleep(0.2)  # the hub queues it for the reader meanwhile
+        return await self._inner.xrevrange(*args, **kwargs)
+
+
+async def test_a_live_answer_s_offset_is_its_last_event_not_one_queued_meanwhile(ctx: Ctx) -> None:
+    sid = ctx.sid
+    writer = await running(ctx, [start(sid), block_start(sid, 2, 0, "reasoning"), delta(sid, 3, 0, "a", "reasoning")])
+    wrapped: list[AppendOnBlockSearch] = []
+
+    def wrap(client: Any) -> AppendOnBlockSearch:
+        wrapped.append(AppendOnBlockSearch(client, lambda: writer.append(stop(sid, 5, 0, "reasoning"))))
+        return wrapped[0]
+
+    server = await ctx.start_app(wrap_redis=wrap)
+    url = server.url(f"/v1/streams/{sid}/durable?offset={format_offset(3, EPOCH)}&live=long-poll")
+    request = asyncio.ensure_future(ctx.http.get(url, headers=auth(ctx)))  # public: resumes inside block 0
+    await eventually(lambda: server.app[FAIR_SHARES].held("sse") == 1)
+    await writer.append(delta(sid, 4, 0, "b", "reasoning"))  # its block's start is searched for
+    async with await request as response:
+        assert [item["seq"] for item in await response.json()] == [4]
+        assert response.headers["Stream-Next-Offset"] == format_offset(4, EPOCH)  # seq 5 is still owed
+    assert wrapped[0].fired
