@@ -21,7 +21,8 @@ the stream ended at the offset (EOF)                            200 ``[]`` / 204
 otherwise                                                       200 (long-poll: 204 after the wait)
 ==============================================================  ======================
 
-Every answer, problems included, carries ``X-Content-Type-Options: nosniff``.
+Every answer, its client-error problems included, carries ``X-Content-Type-Options: nosniff``
+(a ``503`` for unavailable storage comes from the middleware, without it).
 
 Follows the Durable Streams Protocol, sections 5.5 to 5.8, 8, 9.1, 10 and 12.7.
 """
