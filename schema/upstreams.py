@@ -234,6 +234,9 @@ def targets(upstreams: Upstreams, provider: str, model: str, endpoint: str = "")
             _check_speaks(one, provider, route=route.name)
         return [Target(endpoint=one, model=route.model_for(one.name)) for one in chosen]
     default = upstreams.defaults.get(provider)
+    if default is None and not upstreams.source:
+        raise LookupError(f"no endpoint serves provider {provider!r} without an upstreams file "
+                          f"(FANOUT_UPSTREAMS_FILE); {_known(upstreams)}")
     if default is None:
         raise LookupError(f"model {model!r} is not a route of the upstreams file and the job names no endpoint; "
                           f"{_known(upstreams)}")

@@ -104,7 +104,7 @@ def test_without_a_file_todays_variables_make_the_endpoints() -> None:
 
 
 def test_without_a_file_bedrock_converse_has_no_endpoint() -> None:
-    with pytest.raises(LookupError, match="not a route"):
+    with pytest.raises(LookupError, match=r"no endpoint serves provider 'bedrock_converse' without an upstreams file"):
         targets(default_upstreams({}), "bedrock_converse", "anthropic.claude")
 
 
