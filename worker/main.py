@@ -25,7 +25,8 @@ from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
-from schema.upstreams import Upstreams, load_upstreams
+from schema.upstreams import Upstreams
+from schema.upstreams_file import load_upstreams
 from worker.job_groups import watch_job_groups
 from worker.runner import Worker
 from worker.secrets import Secrets, check_secrets

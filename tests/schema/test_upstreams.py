@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from schema.settings import SettingsError
-from schema.upstreams import Endpoint, default_upstreams, load_upstreams, parse_upstreams, targets
+from schema.upstreams import Endpoint, default_upstreams, targets
+from schema.upstreams_file import load_upstreams, parse_upstreams
 
 EXAMPLE = """
 [endpoints.openai]
