@@ -89,7 +89,8 @@ UPSTREAMS: dict[str, Any] = MINIMAL | {"upstreams": {
     "file": UPSTREAMS_FILE,
     "secretEnv": [{"name": "AZURE_OPENAI_KEY", "secretName": "azure-openai", "key": "api-key"}],
     "secretFiles": [{"name": "vertex", "secretName": "vertex-service-account"}]},
-    "worker": {"extraEnv": [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/etc/fanout/secrets/vertex/key.json"}]},
+    "worker": {"extraEnv": [{"name": "GOOGLE_APPLICATION_CREDENTIALS",
+                             "value": "/etc/fanout/secrets/vertex/key.json"}]},
 }
 VALUE_SETS = {"minimal": MINIMAL, "existing-secrets": EXISTING_SECRETS, "cluster": CLUSTER,
               "observed": OBSERVED, "everything": EVERYTHING, "upstreams": UPSTREAMS}
