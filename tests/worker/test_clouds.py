@@ -216,11 +216,13 @@ async def test_a_google_token_inside_the_refresh_margin_is_refreshed_before_use(
         cloud_env: dict[str, Any], redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
     # google-auth calls a token expired 3 min 45 s before its end: a 200 s token is refreshed for each job
     cloud_env["token_ttl_s"] = 200
+    cloud_env["monkeypatch"].setenv("GOOGLE_CLOUD_QUOTA_PROJECT", "fake-quota-project")
     jobs = [make_job("gemini", "vertex_jailbreak_block_reason", endpoint="vertex", request=GEMINI_REQUEST)
             for _ in range(3)]
     state, events, _ = await run_jobs(cloud_env, redis_url, keys, redis_client, jobs)
     assert state.token_requests == 3
     assert [r["auth"] for r in state.requests] == ["google"] * 3
+    assert {r["headers"].get("x-goog-user-project") for r in state.requests} == {"fake-quota-project"}
     assert all(strip_volatile(stored) == golden(TRANSCRIPTS / "gemini_sse/vertex_jailbreak_block_reason.sse")
                for stored in events)
 

@@ -53,3 +53,10 @@ def test_the_start_check_names_the_unset_variable() -> None:
     with pytest.raises(SettingsError, match=r"\[endpoints.a\] key 'secret_env': variable A_KEY is empty or unset"):
         check_secrets(upstreams, Secrets({}))
     check_secrets(upstreams, Secrets({"A_KEY": "x"}))  # set: no error
+
+
+async def test_aws_auth_sends_a_bedrock_api_key_from_the_environment_as_bearer() -> None:
+    bedrock = Endpoint(name="b", api=["anthropic"], platform="bedrock", url="https://bedrock-runtime.us-east-1.amazonaws.com",
+                       auth="aws", region="us-east-1")
+    authorizer = Authorizer(Secrets({"AWS_BEARER_TOKEN_BEDROCK": "ABSK-key"}))
+    assert await authorizer.headers(bedrock, PLAN) == {"Authorization": "Bearer ABSK-key"}
