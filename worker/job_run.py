@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Final
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
@@ -47,6 +48,7 @@ from infra.redis_faults import fault_fields
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
+from worker.adapters.base import Framing
 from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
 from worker.attempt import Attempt, RetryAttempt
 from worker.control import Stopped, Stopper
@@ -56,6 +58,9 @@ from worker.pipeline import Pipeline, build_pipeline
 from worker.upstream import UpstreamRequest, build_request
 
 log = logging.getLogger("fanout.worker.job")
+
+FRAMINGS: Final[dict[str, Framing]] = {"sse": "sse", "json_array": "json_array", "eventstream": "eventstream"}
+"""A request's framing name → the pipeline's framing."""
 
 __all__ = ["JobContext", "JobRun", "Outcome"]
 
@@ -187,7 +192,8 @@ class JobRun(JobStorage):
             await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
         try:
-            request = build_request(self.job, self.settings, self.ctx.credentials)
+            request = build_request(self.job, self.settings, self.ctx.credentials, upstreams=self.ctx.upstreams,
+                                    authorizer=self.ctx.authorizer)
         except FanoutError as exc:  # the job's request cannot be sent as is (invalid_request)
             await self._write_error(exc)
             return
@@ -234,7 +240,7 @@ class JobRun(JobStorage):
         assert self.writer is not None
         job = self.job
         self._pipeline = build_pipeline(
-            provider=job.provider, framing="json_array" if framing == "json_array" else "sse",
+            provider=job.provider, framing=FRAMINGS.get(framing, "sse"),
             stream_id=job.stream_id, model=job.model, clock=self.ctx.clock_ms, metadata=job.metadata,
             reasoning_visibility=job.reasoning_visibility, stored_seq=self.writer.last_seq,
             max_frame_bytes=self.settings.max_frame_bytes, epoch=self.writer.epoch,

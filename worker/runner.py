@@ -40,6 +40,7 @@ from infra.redis_client import RedisClient
 from infra.redis_faults import fault_fields, fault_kind
 from infra.storage import RetryPolicy
 from schema.keys import Keys
+from schema.upstreams import Upstreams
 from worker.appender import Appender
 from worker.cancel import CancelListener
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
@@ -86,7 +87,7 @@ class Worker:
     def create(
         cls, redis: RedisClient, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
         credentials: Credentials | None = None, telemetry: Telemetry | None = None, consumer: str | None = None,
-        clock_ms: Callable[[], int] | None = None,
+        clock_ms: Callable[[], int] | None = None, upstreams: Upstreams | None = None,
     ) -> Worker:
         """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
         name = consumer or consumer_name()
@@ -100,7 +101,7 @@ class Worker:
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
-            clock_ms=clock_ms,
+            clock_ms=clock_ms, upstreams=upstreams,
         )
         return cls(redis, keys, ctx)
 
