@@ -8,8 +8,8 @@ The rules (docs/upstreams.md, "Fallback, cooldown and concurrency"):
   down for ``failure_cooldown_s``. A success (an attempt that stored content) clears its
   count and its cooldown. Cooling again never shortens a cooldown already running.
 * **Plan.** The endpoints not yet tried by this job, in route order, those not cooling
-  first; cooling ones follow, soonest-ready first, each not before its cooldown ends. So a
-  cooling endpoint is skipped while others remain, and is still the last resort.
+  first; cooling ones follow, soonest-ready first. So a cooling endpoint is skipped while
+  others remain, and is still the last resort (tried at once, never waited for).
 * **Slots.** An endpoint's ``max_concurrency`` attempts at once at most; :func:`pick`
   says which planned endpoint may start now.
 
@@ -111,8 +111,8 @@ class Step(msgspec.Struct, frozen=True, gc=False):
 
     endpoint: str
     """The endpoint's name."""
-    not_before: float
-    """Monotonic seconds before which it must not be tried (its cooldown's end; else the plan's ``now``)."""
+    cooling_until: float | None = None
+    """Monotonic seconds its cooldown ends at, when it is cooling; ``None`` when it is not."""
 
 
 def plan_route(endpoints: Sequence[str], cooldowns: CooldownTable, now: float, *,
@@ -126,8 +126,10 @@ def plan_route(endpoints: Sequence[str], cooldowns: CooldownTable, now: float, *
         tried: Endpoints this job already tried; left out.
 
     Returns:
-        Endpoints not cooling (route order, ``not_before=now``), then cooling ones by the
-        end of their cooldown (ties in route order); empty when every endpoint was tried.
+        Endpoints not cooling (route order), then cooling ones by the end of their
+        cooldown (ties in route order); empty when every endpoint was tried. A cooling
+        endpoint is not waited for: when it is planned first, the job tries it at once
+        and its retry policy honours the provider's ``Retry-After``.
     """
     ready: list[Step] = []
     cooling: list[tuple[float, int, str]] = []
@@ -136,7 +138,7 @@ def plan_route(endpoints: Sequence[str], cooldowns: CooldownTable, now: float, *
             continue
         until = cooldowns.cooling_until(name, now)
         if until is None:
-            ready.append(Step(name, now))
+            ready.append(Step(name))
         else:
             cooling.append((until, order, name))
     return ready + [Step(name, until) for until, _order, name in sorted(cooling)]
@@ -178,25 +180,24 @@ class SlotTable:
         return self._in_use.get(name, 0)
 
 
-def pick(steps: Sequence[Step], slots: SlotTable, now: float, on_full: OnFull) -> str | None:
+def pick(steps: Sequence[Step], slots: SlotTable, on_full: OnFull) -> str | None:
     """Return the endpoint a job may start on now (its slot still to take), or ``None`` to wait.
 
     Args:
         steps: The job's plan (:func:`plan_route`), non-empty.
         slots: The process's slot table.
-        now: Monotonic seconds.
         on_full: The route's rule when the first step has no free slot.
 
     Returns:
-        The first step's endpoint when it is due and has a free slot; with ``fallback``,
-        else the first due step with a free slot; ``None`` when the job must wait for the
-        first step (its cooldown's end or a slot).
+        The first step's endpoint when it has a free slot; else, with ``fallback``, the
+        next step with a free slot (one that is not cooling, unless the first one is
+        cooling too); ``None`` when the job must wait for a slot of the first step.
     """
     first = steps[0]
-    if first.not_before <= now and slots.free(first.endpoint):
+    if slots.free(first.endpoint):
         return first.endpoint
     if on_full == "fallback":
         for step in steps[1:]:
-            if step.not_before <= now and slots.free(step.endpoint):
+            if (step.cooling_until is None or first.cooling_until is not None) and slots.free(step.endpoint):
                 return step.endpoint
     return None

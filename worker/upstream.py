@@ -190,8 +190,12 @@ def new_session(settings: WorkerSettings, *, limit: int = 0) -> aiohttp.ClientSe
                                  auto_decompress=False)
 
 
-async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) -> aiohttp.ClientResponse:
+async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest, *,
+                      connect_timeout_s: float | None = None) -> aiohttp.ClientResponse:
     """Send ``request`` and return the 2xx response whose body is still unread.
+
+    ``connect_timeout_s`` replaces the session's connect timeout for this request (an
+    endpoint's own, from the upstreams file).
 
     The caller bounds the wait for the response headers (idle and total deadlines) and
     must release the response (``async with`` or ``release()``).
@@ -208,8 +212,10 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
         UpstreamTransportError: Connection refused, reset or closed before the headers.
     """
     try:
+        timeout = session.timeout if connect_timeout_s is None else aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=None)
         response = await session.post(request.url, data=request.body, headers=request.headers,
-                                      allow_redirects=False)
+                                      allow_redirects=False, timeout=timeout)
     except aiohttp.ConnectionTimeoutError as exc:
         raise UpstreamTimeoutError("could not connect to the provider in time (connect timeout)",
                                    kind="connect") from exc

@@ -72,13 +72,13 @@ def test_a_shorter_second_cooldown_keeps_the_longer_first() -> None:
 
 
 def test_plan_keeps_route_order_when_nothing_cools() -> None:
-    assert plan_route(["a", "b", "c"], CooldownTable(), 5.0) == [Step("a", 5.0), Step("b", 5.0), Step("c", 5.0)]
+    assert plan_route(["a", "b", "c"], CooldownTable(), 5.0) == [Step("a"), Step("b"), Step("c")]
 
 
 def test_plan_skips_a_cooling_endpoint_while_others_remain_and_keeps_it_last() -> None:
     table = CooldownTable(POLICY)
     table.failed("a", now=0.0, category="rate_limited", retry_after_s=10.0)
-    assert plan_route(["a", "b", "c"], table, 1.0) == [Step("b", 1.0), Step("c", 1.0), Step("a", 10.0)]
+    assert plan_route(["a", "b", "c"], table, 1.0) == [Step("b"), Step("c"), Step("a", 10.0)]
 
 
 def test_plan_orders_cooling_endpoints_by_the_end_of_their_cooldown() -> None:
@@ -91,11 +91,11 @@ def test_plan_orders_cooling_endpoints_by_the_end_of_their_cooldown() -> None:
 def test_plan_uses_a_cooled_endpoint_again_once_its_cooldown_ended() -> None:
     table = CooldownTable(POLICY)
     table.failed("a", now=0.0, category="rate_limited", retry_after_s=10.0)
-    assert plan_route(["a", "b"], table, 10.0) == [Step("a", 10.0), Step("b", 10.0)]
+    assert plan_route(["a", "b"], table, 10.0) == [Step("a"), Step("b")]
 
 
 def test_plan_leaves_out_tried_endpoints() -> None:
-    assert plan_route(["a", "b", "c"], CooldownTable(), 0.0, tried=["a", "c"]) == [Step("b", 0.0)]
+    assert plan_route(["a", "b", "c"], CooldownTable(), 0.0, tried=["a", "c"]) == [Step("b")]
     assert plan_route(["a"], CooldownTable(), 0.0, tried=["a"]) == []
 
 
@@ -116,31 +116,32 @@ def test_slots_count_against_the_limit_and_unlisted_endpoints_have_none() -> Non
 
 
 def test_pick_takes_the_first_step_when_it_has_a_slot() -> None:
-    steps = [Step("a", 0.0), Step("b", 0.0)]
-    assert pick(steps, SlotTable({"a": 1}), 0.0, "wait") == "a"
+    assert pick([Step("a"), Step("b")], SlotTable({"a": 1}), "wait") == "a"
 
 
 def test_pick_falls_back_to_the_next_step_with_a_free_slot() -> None:
     slots = SlotTable({"a": 1, "b": 1})
     slots.take("a")
-    assert pick([Step("a", 0.0), Step("b", 0.0), Step("c", 0.0)], slots, 0.0, "fallback") == "b"
+    assert pick([Step("a"), Step("b"), Step("c")], slots, "fallback") == "b"
     slots.take("b")
-    assert pick([Step("a", 0.0), Step("b", 0.0), Step("c", 0.0)], slots, 0.0, "fallback") == "c"
+    assert pick([Step("a"), Step("b"), Step("c")], slots, "fallback") == "c"
 
 
 def test_pick_waits_when_the_route_says_wait() -> None:
     slots = SlotTable({"a": 1})
     slots.take("a")
-    assert pick([Step("a", 0.0), Step("b", 0.0)], slots, 0.0, "wait") is None
+    assert pick([Step("a"), Step("b")], slots, "wait") is None
 
 
 def test_pick_waits_when_no_step_has_a_free_slot() -> None:
     slots = SlotTable({"a": 1, "b": 1})
     slots.take("a")
     slots.take("b")
-    assert pick([Step("a", 0.0), Step("b", 0.0)], slots, 0.0, "fallback") is None
+    assert pick([Step("a"), Step("b")], slots, "fallback") is None
 
 
-def test_pick_waits_for_the_end_of_a_cooldown() -> None:
-    assert pick([Step("a", 5.0)], SlotTable({}), 4.0, "fallback") is None
-    assert pick([Step("a", 5.0)], SlotTable({}), 5.0, "fallback") == "a"
+def test_pick_prefers_waiting_for_a_full_endpoint_to_a_cooling_one() -> None:
+    slots = SlotTable({"a": 1})
+    slots.take("a")
+    assert pick([Step("a"), Step("b", 9.0)], slots, "fallback") is None
+    assert pick([Step("a", 3.0), Step("b", 9.0)], slots, "fallback") == "b"
