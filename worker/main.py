@@ -25,8 +25,10 @@ from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
+from schema.upstreams import load_upstreams
 from worker.job_groups import watch_job_groups
 from worker.runner import Worker
+from worker.secrets import Secrets, check_secrets
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials, credentials_from_env, new_session
@@ -48,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis cannot serve it.
 
+    A mistake in the upstreams file (``FANOUT_UPSTREAMS_FILE``) or an endpoint whose secret
+    cannot be read is bad configuration (exit 2, one line naming the file, table and key).
+
     Raises:
         CommandError: ``REDIS_URL`` is not a Redis URL, ``FANOUT_LOG_LEVEL`` or
             ``FANOUT_LOG_FORMAT`` is malformed (exit 2), or Redis does not answer when the
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
                                         redis_prefix=args.redis_prefix)
+        check_secrets(load_upstreams(os.environ), Secrets(os.environ))
     except SettingsError as exc:
         sys.stderr.write(f"fanout worker: {exc}\n")
         return EXIT_USAGE

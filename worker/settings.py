@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Annotated, Final, Literal
-from urllib.parse import urlsplit
 
 import msgspec
 
 from schema.cli import DEFAULT_REDIS_URL, redact_url
 from schema.keys import MAX_JOB_SHARDS
 from schema.settings import SettingsError, load_settings
+from schema.upstreams import base_url_problem as base_url_problem
 
 BASE_URL_FIELDS: Final = ("openai_base_url", "anthropic_base_url", "gemini_base_url")
 """The provider API roots (``FANOUT_<PROVIDER>_BASE_URL``), each checked by :func:`base_url_problem`."""
@@ -159,20 +159,3 @@ def load_worker_settings(environ: Mapping[str, str], **overrides: object) -> Wor
             raise SettingsError(f"bad configuration: FANOUT_{field.upper()}={redact_url(value)!r}: {problem}, "
                                 f"e.g. {example}")
     return settings
-
-
-def base_url_problem(url: str) -> str | None:
-    """Return why ``url`` cannot be a provider API root, or ``None`` when it can.
-
-    Accepted: an ``http`` or ``https`` URL with a host (and a valid port when given), no
-    whitespace; a path is kept (``/v1``). Checked at start, so a typo is an exit 2, not
-    every job ending ``interrupted``/``transport`` after its retries.
-    """
-    try:
-        parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError as exc:  # a bad port or IPv6 literal
-        return f"expected an http(s) URL with a host ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
-        return "expected an http(s) URL with a host"
-    return None if port_ok else "expected an http(s) URL with a host (port 0)"
