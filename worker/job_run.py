@@ -54,6 +54,8 @@ from worker.job_storage import JobContext, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
 from worker.route_run import RouteRun, RouteTarget
+from worker.routing import OnFull
+from worker.targets import job_targets
 from worker.upstream import build_request
 
 log = logging.getLogger("fanout.worker.job")
@@ -187,13 +189,24 @@ class JobRun(RouteRun):
         if self.problem is not None:
             await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
-        await self._run_route(self._targets())
+        try:
+            targets, on_full = self._targets()
+        except FanoutError as exc:  # the job names an endpoint or route that cannot serve it (invalid_request)
+            await self._write_error(exc)
+            return
+        await self._run_route(targets, on_full)
 
-    def _targets(self) -> list[RouteTarget]:
-        """Return the endpoints the job may go to, in route order (no upstreams file: the provider's one)."""
-        job = self.job
+    def _targets(self) -> tuple[list[RouteTarget], OnFull]:
+        """Return the endpoints the job may go to, in route order, and its route's rule for a full one.
+
+        Raises:
+            FanoutError: ``invalid_request``: an unknown endpoint, or one that does not speak the job's API.
+        """
+        job, ctx = self.job, self.ctx
+        if ctx.upstreams is not None:
+            return job_targets(job, ctx.upstreams, self.settings, ctx.credentials, ctx.secrets)
         return [RouteTarget(name=_vendor(job.provider), model=job.model, stamped=False,
-                            build=lambda: build_request(job, self.settings, self.ctx.credentials))]
+                            build=lambda: build_request(job, self.settings, ctx.credentials))], "fallback"
 
     # -- storage (AttemptHost) --------------------------------------------------
 

@@ -25,6 +25,7 @@ from infra.storage import fault_kind, with_retry
 from schema.contract import ErrorInfo, Event, StreamDone, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
+from schema.upstreams import Upstreams
 from worker.appender import Appender, FencedError, SeqConflictError, StreamClosedError, StreamWriter
 from worker.control import Stopped, Stopper
 from worker.error_policy import STATUS_OF_CATEGORY, safe_message
@@ -32,6 +33,7 @@ from worker.lease import Claim, Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
 from worker.router import Router, cooldown_policy
+from worker.secrets import Secrets
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
@@ -56,17 +58,21 @@ class JobContext:
         clock_ms: Wall clock in ms since the epoch (event ``ts``).
         router: The process's cooldowns and endpoint slots; default one with no slot
             limits and the settings' cooldown policy.
+        upstreams: The upstreams file's endpoints and routes (or those today's variables
+            give); ``None``: every job goes to its provider's endpoint of the settings.
+        secrets: Where the endpoints' secrets are read (with ``upstreams``).
     """
 
     def __init__(
         self, *, settings: WorkerSettings, appender: Appender, leases: Leases, session: aiohttp.ClientSession,
         credentials: Credentials, telemetry: Telemetry, clock_ms: Callable[[], int] | None = None,
-        router: Router | None = None,
+        router: Router | None = None, upstreams: Upstreams | None = None, secrets: Secrets | None = None,
     ) -> None:
         self.settings, self.appender, self.leases, self.session = settings, appender, leases, session
         self.credentials, self.telemetry = credentials, telemetry
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self.router = router or Router(cooldown_policy(settings))
+        self.upstreams, self.secrets = upstreams, secrets or Secrets({})
 
 
 class JobStorage:

@@ -112,7 +112,8 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     session = new_session(settings)
     try:
         keys = Keys(settings.redis_prefix)
-        worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry)
+        worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry,
+                               upstreams=load_upstreams(os.environ), secrets=Secrets(os.environ))
         shard_streams = [(str(n), keys.jobs_shard(n)) for n in range(settings.job_shards)]
         gauges = asyncio.create_task(watch_job_groups(client, shard_streams, telemetry,
                                                       interval_s=settings.metrics_poll_s, stop=stop))
