@@ -102,6 +102,7 @@ class Worker:
         retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
                             max_delay_s=settings.append_retry_max_delay_s)
         telemetry = telemetry or Telemetry()
+        telemetry.endpoints(upstreams.endpoints if upstreams else ())
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
                             wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final, get_args
 
 from opentelemetry import metrics, propagate, trace
@@ -210,6 +210,13 @@ class Telemetry:
     def retry(self, *, provider: str, category: str) -> None:
         """Count one upstream retry and the error category that caused it."""
         self._retries.add(1, {"provider": _provider(provider), "category": category})
+
+    def endpoints(self, names: Iterable[str]) -> None:
+        """Export the per-endpoint counters of these endpoints from the start (0)."""
+        for name in names:
+            self._attempts.add(0, {"endpoint": name, "category": "none"})
+            self._fallbacks.add(0, {"endpoint": name, "category": "none"})
+            self._cooldowns.add(0, {"endpoint": name})
 
     def attempt_ended(self, endpoint: str, category: str | None) -> None:
         """Count one upstream attempt on ``endpoint``, by the category it failed with (``none``: it did not)."""
