@@ -38,7 +38,8 @@ from publisher.telemetry import providers_from_env
 from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, port_number, redact_url
 from schema.settings import SettingsError
-from schema.upstreams import Upstreams, load_upstreams
+from schema.upstreams import Upstreams
+from schema.upstreams_file import load_upstreams
 
 log = logging.getLogger("publisher")
 

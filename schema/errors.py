@@ -12,7 +12,8 @@ the others live next to the only code that raises them and name their module.
     │   │   └── FrameTooLargeError    * an SSE line/frame or JSON element past its byte limit
     │   ├── UpstreamHTTPError         * a non-2xx answer before the body (worker)
     │   ├── UpstreamTransportError    * connection refused, reset or closed mid-body (worker)
-    │   └── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
+    │   ├── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
+    │   └── CredentialError           worker.auth: an endpoint's key, Google token or AWS credentials unavailable
     ├── ClientError                   * a bad request to our edge (publisher)
     │   ├── ProblemError              publisher.api.problems: answered as an RFC 9457 problem document
     │   │   └── ShareExceededError    publisher.api.fair_share: the credential (or address) holds its limit: a 429

@@ -19,7 +19,8 @@ from typing import Any
 
 from schema.cli import CommandError, redact_url
 from schema.settings import SettingsError
-from schema.upstreams import Endpoint, Upstreams, load_upstreams
+from schema.upstreams import Endpoint, Upstreams
+from schema.upstreams_file import load_upstreams
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:

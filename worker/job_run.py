@@ -41,12 +41,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Final
 
 from infra.redis_client import REDIS_ERRORS
 from infra.redis_faults import fault_fields
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
+from worker.adapters.base import Framing
 from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
 from worker.attempt import RetryAttempt
 from worker.control import Stopped, Stopper
@@ -56,9 +58,11 @@ from worker.pipeline import Pipeline, build_pipeline
 from worker.route_run import RouteRun, RouteTarget
 from worker.routing import OnFull
 from worker.targets import job_targets
-from worker.upstream import build_request
 
 log = logging.getLogger("fanout.worker.job")
+
+FRAMINGS: Final[dict[str, Framing]] = {"sse": "sse", "json_array": "json_array", "eventstream": "eventstream"}
+"""A request's framing name → the pipeline's framing."""
 
 __all__ = ["JobContext", "JobRun", "Outcome"]
 
@@ -191,7 +195,7 @@ class JobRun(RouteRun):
             return
         try:
             targets, on_full = self._targets()
-        except FanoutError as exc:  # the job names an endpoint or route that cannot serve it (invalid_request)
+        except FanoutError as exc:  # no endpoint can serve the job as it is (invalid_request)
             await self._write_error(exc)
             return
         await self._run_route(targets, on_full)
@@ -200,13 +204,11 @@ class JobRun(RouteRun):
         """Return the endpoints the job may go to, in route order, and its route's rule for a full one.
 
         Raises:
-            FanoutError: ``invalid_request``: an unknown endpoint, or one that does not speak the job's API.
+            FanoutError: ``invalid_request``: an unknown endpoint, one that does not speak the
+                job's API, or a model that is no route with no default endpoint.
         """
-        job, ctx = self.job, self.ctx
-        if ctx.upstreams is not None:
-            return job_targets(job, ctx.upstreams, self.settings, ctx.credentials, ctx.secrets)
-        return [RouteTarget(name=_vendor(job.provider), model=job.model, stamped=False,
-                            build=lambda: build_request(job, self.settings, ctx.credentials))], "fallback"
+        ctx = self.ctx
+        return job_targets(self.job, ctx.upstreams, self.settings, ctx.credentials, ctx.authorizer)
 
     # -- storage (AttemptHost) --------------------------------------------------
 
@@ -217,7 +219,7 @@ class JobRun(RouteRun):
         target = self._target
         endpoint = target.endpoint if target else None
         self._pipeline = build_pipeline(
-            provider=job.provider, framing="json_array" if framing == "json_array" else "sse",
+            provider=job.provider, framing=FRAMINGS.get(framing, "sse"),
             stream_id=job.stream_id, model=job.model, clock=self.ctx.clock_ms, metadata=job.metadata,
             reasoning_visibility=job.reasoning_visibility, stored_seq=self.writer.last_seq,
             max_frame_bytes=self.settings.max_frame_bytes, epoch=self.writer.epoch,
@@ -239,7 +241,3 @@ class JobRun(RouteRun):
             raise RetryAttempt(events, last.error, retry_after_s)
         await self._append(events)
 
-
-def _vendor(provider: str) -> str:
-    """Return the name of a provider API's endpoint without an upstreams file (cooldowns, slots, metrics)."""
-    return {"openai_chat": "openai", "openai_responses": "openai"}.get(provider, provider)

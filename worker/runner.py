@@ -48,7 +48,6 @@ from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
 from worker.router import Router, cooldown_policy
-from worker.secrets import Secrets
 from worker.settings import WorkerSettings
 from worker.targets import slot_limits
 from worker.telemetry import Telemetry
@@ -90,13 +89,12 @@ class Worker:
     def create(
         cls, redis: RedisClient, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
         credentials: Credentials | None = None, telemetry: Telemetry | None = None, consumer: str | None = None,
-        clock_ms: Callable[[], int] | None = None, upstreams: Upstreams | None = None, secrets: Secrets | None = None,
+        clock_ms: Callable[[], int] | None = None, upstreams: Upstreams | None = None,
     ) -> Worker:
         """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`).
 
-        ``upstreams`` (with ``secrets``) routes jobs over the upstreams file's endpoints, with
-        the slots their ``max_concurrency`` gives; without it every job goes to its provider's
-        endpoint of the settings.
+        ``upstreams`` routes jobs over the upstreams file's endpoints, with the slots their
+        ``max_concurrency`` gives (default: the endpoints of today's variables).
         """
         name = consumer or consumer_name()
         retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
@@ -110,7 +108,7 @@ class Worker:
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
-            clock_ms=clock_ms, upstreams=upstreams, secrets=secrets,
+            clock_ms=clock_ms, upstreams=upstreams,
             router=Router(cooldown_policy(settings), slot_limits(upstreams) if upstreams else None),
         )
         return cls(redis, keys, ctx)

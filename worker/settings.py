@@ -18,7 +18,7 @@ import msgspec
 from schema.cli import DEFAULT_REDIS_URL, redact_url
 from schema.keys import MAX_JOB_SHARDS
 from schema.settings import SettingsError, load_settings
-from schema.upstreams import base_url_problem as base_url_problem
+from schema.upstreams_file import base_url_problem as base_url_problem
 
 BASE_URL_FIELDS: Final = ("openai_base_url", "anthropic_base_url", "gemini_base_url")
 """The provider API roots (``FANOUT_<PROVIDER>_BASE_URL``), each checked by :func:`base_url_problem`."""

@@ -10,7 +10,7 @@ import pytest
 from publisher.api.validation import Submission
 from schema.job import job_decoder
 from schema.keys import JOB_FIELD
-from schema.upstreams import parse_upstreams
+from schema.upstreams_file import parse_upstreams
 from tests.publisher.helpers import API_KEY, bearer
 
 pytestmark = pytest.mark.topologies

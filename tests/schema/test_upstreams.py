@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from schema.settings import SettingsError
-from schema.upstreams import Endpoint, default_upstreams, load_upstreams, parse_upstreams, targets
+from schema.upstreams import Endpoint, default_upstreams, targets
+from schema.upstreams_file import load_upstreams, parse_upstreams
 
 EXAMPLE = """
 [endpoints.openai]
@@ -104,7 +105,7 @@ def test_without_a_file_todays_variables_make_the_endpoints() -> None:
 
 
 def test_without_a_file_bedrock_converse_has_no_endpoint() -> None:
-    with pytest.raises(LookupError, match="not a route"):
+    with pytest.raises(LookupError, match=r"no endpoint serves provider 'bedrock_converse' without an upstreams file"):
         targets(default_upstreams({}), "bedrock_converse", "anthropic.claude")
 
 

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Mapping
 from infra.redis_client import RedisClient, RedisOptions, connect
 from schema.contract import Event
 from schema.keys import Keys
-from schema.upstreams import Upstreams, parse_upstreams
+from schema.upstreams import Upstreams
+from schema.upstreams_file import parse_upstreams
 from tests.worker.support import GUARD_S, fake_upstream, make_job, stored_events, submit, wait_done
 from tools.upstream import ServerConfig, ServerState
 from worker.runner import Worker
-from worker.secrets import Secrets
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
 from worker.upstream import new_session
@@ -78,8 +78,7 @@ async def routing_worker(settings: WorkerSettings, keys: Keys, toml: str, *,
     upstreams: Upstreams = parse_upstreams(toml, "test-upstreams.toml")
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster))
     session = new_session(settings)
-    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams,
-                           secrets=Secrets({}))
+    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
