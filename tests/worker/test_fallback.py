@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from schema.contract import StreamDone, StreamError, StreamStart
+from schema.contract import BlockDelta, StreamDone, StreamError, StreamStart
 from schema.keys import Keys
 from schema.validate import validate
 from tests.worker.routes import (
@@ -25,8 +25,8 @@ from tests.worker.routes import (
     run_route_job,
     upstreams_toml,
 )
-from tests.worker.support import settings_for, strip_volatile
-from tools.replay import replay_file
+from tests.worker.support import make_job, settings_for, stored_events, strip_volatile, submit, wait_done
+from tools.replay import TRANSCRIPT_DIRS, replay_file
 from tools.upstream import DEFAULT_ROOTS
 
 SHORT = "idle_timeout_s = 0.3\nprogress_timeout_s = 0.3"
@@ -139,3 +139,41 @@ async def test_a_job_naming_an_endpoint_gets_only_that_endpoint(redis_url: str, 
     assert servers["b"][1].requests == []
     assert models_sent(servers["a"][1]) == ["status-503"]
 
+
+
+def _before_content_cases() -> list[tuple[str, str, str]]:
+    """Every recorded case the fake serves whose stream fails retryably before any delta, with a success of its API."""
+    cases = []
+    for directory in sorted(TRANSCRIPT_DIRS):
+        paths = sorted(p for root in DEFAULT_ROOTS for p in (root / directory).glob("*.sse"))
+        ends = {path.stem: replay_file(path)[0] for path in paths}
+        ok = next(name for name, events in ends.items()
+                  if isinstance(events[-1], StreamDone) and events[-1].status == "completed")
+        for name, events in ends.items():
+            end = events[-1]
+            if isinstance(end, StreamError) and end.error.retryable and \
+                    not any(isinstance(e, BlockDelta) for e in events):
+                cases.append((directory, name, ok))
+    return cases
+
+
+@pytest.mark.parametrize("case", _before_content_cases(), ids="/".join)
+async def test_every_recorded_error_before_content_falls_back(case: tuple[str, str, str], redis_url: str, keys: Keys,
+                                                             redis_client: aioredis.Redis) -> None:
+    directory, failing, ok = case
+    provider, framing = TRANSCRIPT_DIRS[directory]
+    async with fakes("a", "b") as servers:
+        root = "/v1" if provider.startswith("openai") else ""
+        toml = "".join(
+            f'[endpoints.{name}]\napi = "{provider}"\nurl = "{base}{root}"\nauth = "none"\nframing = "{framing}"\n\n'
+            for name, (base, _) in servers.items())
+        toml += f'[models."routed"]\nendpoints = ["a", "b"]\nupstream_model = {{ a = "{failing}", b = "{ok}" }}\n'
+        async with routing_worker(settings_for(servers["a"][0], redis_url, keys, max_retries=0), keys, toml):
+            job = make_job(provider, "routed")
+            await submit(redis_client, keys, job)
+            await wait_done(redis_client, keys, job.stream_id)
+            events = await stored_events(redis_client, keys, job.stream_id)
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].endpoint == "b"
+    assert validate(events) == []
+    assert (len(servers["a"][1].requests), len(servers["b"][1].requests)) == (1, 1)
