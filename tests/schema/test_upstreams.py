@@ -187,3 +187,12 @@ def test_a_mistake_names_the_file_the_table_and_the_key(text: str, message: str)
 def test_an_endpoint_repr_holds_the_variable_name_not_a_secret() -> None:
     endpoint = Endpoint(name="a", api=["openai_chat"], url="https://h/v1", auth="bearer", secret_env="OPENAI_API_KEY")
     assert "OPENAI_API_KEY" in repr(endpoint)
+
+
+def test_the_docs_example_parses() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "upstreams.md").read_text()
+    example = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    upstreams = parse_upstreams(example, "docs/upstreams.md")
+    assert set(upstreams.endpoints) == {"openai", "vllm", "azure-east", "anthropic", "gemini", "vertex-gemini",
+                                        "vertex-claude", "bedrock"}
+    assert [t.model for t in targets(upstreams, "openai_chat", "gpt-4o")] == ["gpt4o-prod", "gpt-4o"]
