@@ -38,7 +38,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from tools.upstream import DEFAULT_ROOTS, SECRET_HEADERS
+from tools.upstream_bodies import DEFAULT_ROOTS, SECRET_HEADERS
 
 GRANT_JWT_BEARER: Final = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 """The OAuth2 grant a service account uses (RFC 7523)."""
