@@ -22,7 +22,7 @@ from tools.upstream import ServerConfig, ServerState
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
-from worker.upstream import new_session
+from worker.upstream import Credentials, new_session
 
 OK = "simple_text"
 """A recorded Anthropic answer that completes (its provider model: :data:`OK_MODEL`)."""
@@ -94,13 +94,14 @@ async def fakes(*names: str, config: ServerConfig | None = None) -> AsyncIterato
 
 
 @contextlib.asynccontextmanager
-async def routing_worker(settings: WorkerSettings, keys: Keys, toml: str, *,
-                         telemetry: Telemetry | None = None) -> AsyncIterator[Worker]:
+async def routing_worker(settings: WorkerSettings, keys: Keys, toml: str, *, telemetry: Telemetry | None = None,
+                         credentials: Credentials | None = None) -> AsyncIterator[Worker]:
     """Run a worker in this event loop that routes jobs by the upstreams file ``toml``, until the block ends."""
     upstreams: Upstreams = parse_upstreams(toml, "test-upstreams.toml")
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster))
     session = new_session(settings)
-    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams)
+    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams,
+                           credentials=credentials)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
