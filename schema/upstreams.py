@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -75,6 +75,15 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """AWS region of a Bedrock endpoint (SigV4 scope); taken from a ``bedrock-runtime.<region>`` host when absent."""
     framing: Literal["sse", "json_array"] = "sse"
     """Gemini only: ``sse`` asks for ``alt=sse``; ``json_array`` reads the streamed JSON array."""
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+    """Attempts on this endpoint at once in one worker process, at most (absent: no limit); a job
+    beyond it waits for a slot or falls back, as its route's ``on_full`` says."""
+    connect_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """This endpoint's connect timeout, seconds (absent: ``FANOUT_CONNECT_TIMEOUT_S``)."""
+    idle_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """This endpoint's idle timeout (no byte), seconds (absent: ``FANOUT_IDLE_TIMEOUT_S``)."""
+    progress_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """This endpoint's progress timeout (no contract event), seconds (absent: ``FANOUT_PROGRESS_TIMEOUT_S``)."""
 
     @property
     def apis(self) -> tuple[Provider, ...]:
@@ -91,6 +100,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Endpoint names, tried in this order; at least one, no repeats, all speaking one API."""
     upstream_model: dict[str, str] = msgspec.field(default_factory=dict)
     """Endpoint name → model (or deployment) name sent to it; the route's name for the others."""
+    on_full: Literal["fallback", "wait"] = "fallback"
+    """When the endpoint a job would try next has no free slot (``max_concurrency``): take the next
+    endpoint of the route with one (``fallback``), or wait for a slot (``wait``)."""
 
     def model_for(self, endpoint: str) -> str:
         """Return the model name sent to ``endpoint`` for this route."""

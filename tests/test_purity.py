@@ -25,6 +25,7 @@ PURE = [
     ROOT / "worker" / "blocks.py",
     ROOT / "worker" / "terminal.py",
     ROOT / "worker" / "error_policy.py",
+    ROOT / "worker" / "routing.py",
     ROOT / "worker" / "pipeline.py",
     ROOT / "worker" / "jobentry.py",
     ROOT / "worker" / "summary.py",

@@ -33,6 +33,7 @@ from worker.error_policy import STATUS_OF_CATEGORY, safe_message
 from worker.lease import Claim, Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
+from worker.router import Router, cooldown_policy
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials, upstreams_of
@@ -56,12 +57,14 @@ class JobContext:
         telemetry: Spans and metrics.
         upstreams: Endpoints and routes (the upstreams file, else the default endpoints of ``settings``).
         clock_ms: Wall clock in ms since the epoch (event ``ts``).
+        router: The process's cooldowns and endpoint slots; default one with no slot
+            limits and the settings' cooldown policy.
     """
 
     def __init__(
         self, *, settings: WorkerSettings, appender: Appender, leases: Leases, session: aiohttp.ClientSession,
         credentials: Credentials, telemetry: Telemetry, clock_ms: Callable[[], int] | None = None,
-        upstreams: Upstreams | None = None,
+        upstreams: Upstreams | None = None, router: Router | None = None,
     ) -> None:
         self.settings, self.appender, self.leases, self.session = settings, appender, leases, session
         self.credentials, self.telemetry = credentials, telemetry
@@ -69,6 +72,7 @@ class JobContext:
         self.authorizer = Authorizer(credentials)
         """Google tokens and AWS signers, shared by the jobs of the process."""
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.router = router or Router(cooldown_policy(settings))
 
 
 class JobStorage:

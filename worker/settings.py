@@ -68,6 +68,16 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Upper bound of the jittered backoff window."""
     retry_after_max_s: _NonNegative = 30.0
     """Largest ``Retry-After`` honoured; longer answers are cut to this."""
+    cooldown_after_failures: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    """Retryable failures in a row (HTTP 429/5xx/529, connection errors, timeouts, errors before
+    content) after which an upstreams-file endpoint cools down for ``cooldown_failure_s``; 0: never
+    for that reason. Cooldowns are per worker process (docs/upstreams.md)."""
+    cooldown_failure_s: _NonNegative = 30.0
+    """How long an endpoint that failed ``cooldown_after_failures`` times in a row is skipped while
+    others of its route remain, seconds."""
+    cooldown_max_s: _NonNegative = 300.0
+    """Longest cooldown a ``Retry-After`` on HTTP 429/503/529 sets, seconds (an endpoint that asks
+    for longer is skipped this long)."""
 
     lease_s: _Positive = 30.0
     """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle

@@ -207,8 +207,12 @@ def new_session(settings: WorkerSettings, *, limit: int = 0) -> aiohttp.ClientSe
                                  auto_decompress=False)
 
 
-async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) -> aiohttp.ClientResponse:
+async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest, *,
+                      connect_timeout_s: float | None = None) -> aiohttp.ClientResponse:
     """Send ``request`` and return the 2xx response whose body is still unread.
+
+    ``connect_timeout_s`` replaces the session's connect timeout for this request (an
+    endpoint's own, from the upstreams file).
 
     The caller bounds the wait for the response headers (idle and total deadlines) and
     must release the response (``async with`` or ``release()``).
@@ -227,9 +231,11 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
     """
     headers = request.headers | (await request.auth() if request.auth is not None else {})
     try:
+        timeout = session.timeout if connect_timeout_s is None else aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=None)
         # encoded: the URL is sent as built (a SigV4 signature covers its exact path)
         response = await session.post(URL(request.url, encoded=True), data=request.body, headers=headers,
-                                      allow_redirects=False)
+                                      allow_redirects=False, timeout=timeout)
     except aiohttp.ConnectionTimeoutError as exc:
         raise UpstreamTimeoutError("could not connect to the provider in time (connect timeout)",
                                    kind="connect") from exc
