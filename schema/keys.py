@@ -12,7 +12,9 @@ key                            type      content
                                          deleted once the job's terminal event is stored
 ``P:jobshards``                set       every shard count a publisher used (decimal), for the workers
 ``P:jobs``                     stream    legacy unsharded jobs stream: served while it exists, never written
-``P:{id}:events``              stream    entry id ``0-<seq>``, field ``e`` = the event JSON
+``P:{id}:events``              stream    entry id ``0-<seq>``, field ``c`` = the event's compact stored
+                                         form (:mod:`schema.stored`); streams stored before it: field
+                                         ``e`` = the event JSON
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
 ``P:{id}:live``                channel   PUBLISH (SPUBLISH on a Redis 7 cluster) after each append
 ``P:{id}:cancel``              string    ``1`` once a client asked to cancel; TTL ``cancel_ttl_s``
@@ -96,7 +98,7 @@ import zlib
 from typing import Final
 
 EVENT_FIELD: Final = b"e"
-"""Field of an events-stream entry that holds the event JSON."""
+"""Field of an events-stream entry that holds the event JSON (the form before :mod:`schema.stored`; still read)."""
 JOB_FIELD: Final = b"j"
 """Field of a jobs-stream entry that holds the Job JSON."""
 JOBS_GROUP: Final = "workers"

@@ -1,9 +1,10 @@
 """Reads of one stream's stored state: meta, tombstone and event entries, by exact position.
 
-Entries are ``0-<seq>`` with field ``e`` (schema.keys). Every read is an exclusive
+Entries are ``0-<seq>`` with field ``c`` (the compact form, :mod:`schema.stored`) or ``e``
+(the JSON form of streams stored before it); a compacted run's entry id is its last seq. Every read is an exclusive
 ``XRANGE key (0-<n> + COUNT c`` (or one ``XREAD`` of several streams, each after its own
 position), so a position is always a concrete seq, never "the current tail". Replies are
-parsed into :class:`~publisher.history.entries.Entry` objects once (:mod:`publisher.history.entries`).
+parsed into :class:`~publisher.history.entries.Entry` objects once (:mod:`publisher.history.pages`).
 
 Every page that holds entries is followed by a read of the stream's meta ``epoch``
 (``HGET``, once the entries are in): :attr:`publisher.history.entries.Page.epoch`. If it is
@@ -27,17 +28,8 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from infra.redis_client import REDIS_ERRORS
-from publisher.history.entries import (
-    TOP_OF_OURS,
-    Entry,
-    Page,
-    entries_of,
-    entry_of,
-    event_field,
-    ours,
-    ours_seq,
-    parse_entry,
-)
+from publisher.history.entries import TOP_OF_OURS, Entry, Page, ours, ours_seq
+from publisher.history.pages import item_entries, item_jsons, page_of
 from schema.errors import InternalError
 from schema.keys import Keys, seq_of
 
@@ -132,14 +124,14 @@ class Store:
             pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             meta_raw, tomb_raw, top = await pipe.execute()
         meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
-        last = parse_entry(*top[0]) if top else None
+        last = item_entries(stream_id, *top[0])[-1:] if top else None
         top_seq = seq_of(top[0][0]) if top else 0
         last_seq = max(_int(meta.get("last_seq")), top_seq)
         _known_top.set((stream_id, last_seq))  # for read_after: a shared read must not show less
         return StreamInfo(
             known=bool(meta) or bool(top),
             last_seq=last_seq,
-            terminal=meta.get("state") == "done" or (last is not None and last.terminal),
+            terminal=meta.get("state") == "done" or bool(last and last[0].terminal),
             meta=meta,
             tomb=tomb,
             tomb_last_seq=_int(tomb.get("last_seq")),
@@ -226,7 +218,7 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [entries_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""))
+        return [page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""))
                 for (stream_id, _), key in zip(positions, keys, strict=True)]
 
     async def _epochs(self, stream_ids: list[str]) -> list[bytes]:
@@ -240,7 +232,10 @@ class Store:
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        return entries_of(stream_id, raw, epoch)
+        page = page_of(stream_id, raw, epoch)
+        if page and (page[0].seq <= after_seq or len(page) > count):  # a compacted run reaches outside
+            page = Page([entry for entry in page if entry.seq > after_seq][:count], epoch)
+        return page
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
@@ -279,12 +274,12 @@ class Store:
                 seq = ours_seq(entry_id)
                 if seq is None:  # a foreign id sorts above ours: skip it
                     continue
-                entry = entry_of(seq, event_field(fields))
-                if entry.type == "block.start" and entry.block_index is not None:
-                    if entry.block_index == block_index:
-                        return entry
-                    if entry.block_index < block_index:
-                        return None
+                for entry in reversed(item_entries(stream_id, entry_id, fields)):
+                    if entry.type == "block.start" and entry.block_index is not None and entry.seq < before_seq:
+                        if entry.block_index == block_index:
+                            return entry
+                        if entry.block_index < block_index:
+                            return None
                 upper = seq
             if not raw or len(raw) < count or upper == below:
                 return None
@@ -322,7 +317,7 @@ class Store:
             else:
                 state, epoch = fields
                 results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None,
-                                bool(top) and parse_entry(*top[0]).terminal, epoch))
+                                bool(top) and any(e.terminal for e in item_entries(stream_id, *top[0])[-1:]), epoch))
         return results
 
     async def events_exist(self, stream_id: str) -> bool:
@@ -346,8 +341,9 @@ class Store:
             for entry_id, fields in raw:
                 if not ours(stream_id, entry_id):
                     return  # a foreign id sorts above every 0-<seq>: nothing of ours follows
+                for seq, data in item_jsons(stream_id, entry_id, fields):
+                    if seq > cursor:
+                        yield seq, data
                 cursor = seq_of(entry_id)
-                if (data := event_field(fields)) is not None:
-                    yield cursor, data
             if len(raw) < self.page:
                 return
