@@ -22,6 +22,7 @@ key                            type      content
 ``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
 ``P:cancels``                  channel   PUBLISH of a stream id whose cancel was requested
 ``P:probe``                    string    readiness write probe (``SET ... PX``), short-lived
+``P:compact``                  zset      finished streams due for compaction (score: due ms), swept by workers
 =============================  ========  ===================================================
 
 Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` default
@@ -125,6 +126,7 @@ META_FIELDS: Final = {
              "name it (a Redis restored from an older snapshot no longer holds it: their writer is fenced out)",
     "error_category": "set only when storage refused the terminal event: the terminal's error category",
     "error_message": "set only when storage refused the terminal event: the terminal's error message",
+    "compacted": "set once the finished stream's events were rewritten compacted (worker.compactor): its entry count",
 }
 """Fields of the ``meta`` hash and what they hold."""
 
@@ -147,6 +149,8 @@ class Keys:
         """The capped stream of finished-stream summaries."""
         self.cancels = f"{prefix}:cancels"
         """Channel announcing cancel requests (payload: stream id)."""
+        self.compact_due = f"{prefix}:compact"
+        """Sorted set of finished streams awaiting compaction: member stream id, score due ms."""
         self.probe = f"{prefix}:probe"
         """Key the readiness checks write (``SET ... PX``) to prove Redis takes writes."""
 

@@ -134,6 +134,8 @@ class StreamWriter:
             await self._appender.write_summary(sid, summary_fields(
                 last, provider=self.provider, model=self.model, started_ms=self.started_ms,
                 first_delta_ms=self.first_delta_ms, epoch=self.epoch))
+            if self._appender.compactor is not None:
+                await self._appender.compactor.schedule(sid)
 
     async def end_refused(self, events: list[StreamError | Event], *, jump: bool = False) -> str:
         """End the stream after a :class:`StorageRefusedError`: store ``events``, else mark meta.

@@ -93,6 +93,13 @@ def _int(value: str | None) -> int:
         return 0
 
 
+def _after(page: Page, after_seq: int, count: int) -> Page:
+    """``page`` without entries at or before ``after_seq`` and cut to ``count``: a compacted run reaches outside."""
+    if page and (page[0].seq <= after_seq or len(page) > count):
+        return Page([entry for entry in page if entry.seq > after_seq][:count], page.epoch)
+    return page
+
+
 class Store:
     """Stream reads over one Redis client.
 
@@ -218,8 +225,8 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""))
-                for (stream_id, _), key in zip(positions, keys, strict=True)]
+        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b"")), after, self.page)
+                for (stream_id, after), key in zip(positions, keys, strict=True)]
 
     async def _epochs(self, stream_ids: list[str]) -> list[bytes]:
         """Meta ``epoch`` of each stream (``b""`` when none), read after its entries: one round trip."""
@@ -232,10 +239,7 @@ class Store:
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        page = page_of(stream_id, raw, epoch)
-        if page and (page[0].seq <= after_seq or len(page) > count):  # a compacted run reaches outside
-            page = Page([entry for entry in page if entry.seq > after_seq][:count], epoch)
-        return page
+        return _after(page_of(stream_id, raw, epoch), after_seq, count)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
