@@ -27,6 +27,11 @@ tag    array                                           holds
                                                        ..  the entry's own seq), written
                                                        after the stream ended
                                                        (:class:`RunForm`)
+``4``  ``[4, first_seq, ts, index, block_kind,         the same run with ``[text, lengths,
+       delta_kind, packed]``                           ts_steps]`` as zlib-compressed
+                                                       MessagePack (:class:`PackedRunForm`),
+                                                       written when that is smaller; at
+                                                       most :data:`MAX_RUN_BYTES` unpacked
 =====  ==============================================  ==================================
 
 :func:`event_json` rebuilds the event's JSON byte for byte as ``encode_event`` gives it
@@ -43,6 +48,7 @@ Sizes (``bench/storage_bench.py``): a live delta of ``n`` UTF-8 bytes stores
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from typing import Final
 
@@ -114,7 +120,27 @@ class RunForm(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field=
     """``ts`` of delta ``i + 1`` minus that of delta ``i`` (may be negative); one fewer than ``lengths``."""
 
 
-StoredForm = DeltaForm | TailForm | JsonForm | RunForm
+class PackedRunForm(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="form", tag=4):
+    """Tag ``4``: a :class:`RunForm` whose text, lengths and ts steps are compressed (zlib, RFC 1950)."""
+
+    first_seq: int
+    """Seq of the run's first delta."""
+    ts: int
+    """``ts`` of the first delta, ms since the Unix epoch."""
+    index: int
+    """``block.index``; the block id is ``b<index>``."""
+    block_kind: int
+    """Position of ``block.kind`` in :data:`BLOCK_KINDS`."""
+    delta_kind: int
+    """Position of ``delta.kind`` in :data:`DELTA_KINDS`."""
+    packed: bytes
+    """zlib of the MessagePack array ``[text, lengths, ts_steps]`` (:class:`RunForm`'s fields)."""
+
+
+MAX_RUN_BYTES: Final = 16 * 1024 * 1024
+"""Most bytes a :class:`PackedRunForm` may unpack to; a larger one is corrupt (never a bomb)."""
+
+StoredForm = DeltaForm | TailForm | JsonForm | RunForm | PackedRunForm
 """Any decoded stored value."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -191,13 +217,45 @@ def form_json(stream_id: str, seq: int, form: DeltaForm | TailForm | JsonForm) -
     return form.json
 
 
-def run_jsons(stream_id: str, run: RunForm) -> list[tuple[int, int, bytes]]:
-    """Return ``(seq, ts, JSON)`` of every delta a :class:`RunForm` holds, in seq order.
+_packed: Final = msgspec.msgpack.Decoder(tuple[str, list[int], list[int]])
+
+
+def pack_run(run: RunForm) -> RunForm | PackedRunForm:
+    """Return ``run`` as a :class:`PackedRunForm` when that stores fewer bytes, else ``run`` itself."""
+    packed = zlib.compress(_encoder.encode((run.text, run.lengths, run.ts_steps)), 6)
+    if len(packed) >= len(run.text.encode()) + len(run.lengths) + len(run.ts_steps):
+        return run
+    return PackedRunForm(run.first_seq, run.ts, run.index, run.block_kind, run.delta_kind, packed)
+
+
+def unpack_run(run: RunForm | PackedRunForm) -> RunForm:
+    """Return the :class:`RunForm` a packed run holds (``run`` itself when not packed).
 
     Raises:
-        ValueError: ``lengths`` and ``ts_steps`` disagree with ``text`` (corrupt).
+        ValueError: Not zlib, past :data:`MAX_RUN_BYTES`, or not ``[text, lengths, ts_steps]`` (corrupt).
+    """
+    if isinstance(run, RunForm):
+        return run
+    try:
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(run.packed, MAX_RUN_BYTES)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise ValueError("a packed run that is truncated or larger than MAX_RUN_BYTES")
+        text, lengths, steps = _packed.decode(raw)
+    except (zlib.error, msgspec.DecodeError) as exc:
+        raise ValueError("a packed run that does not unpack") from exc
+    return RunForm(run.first_seq, run.ts, run.index, run.block_kind, run.delta_kind, text, lengths, steps)
+
+
+def run_jsons(stream_id: str, packed_or_run: RunForm | PackedRunForm) -> list[tuple[int, int, bytes]]:
+    """Return ``(seq, ts, JSON)`` of every delta a run holds (packed or not), in seq order.
+
+    Raises:
+        ValueError: ``lengths`` and ``ts_steps`` disagree with ``text``, or a packed run does
+            not unpack (corrupt).
         IndexError: A kind code out of range (corrupt).
     """
+    run = unpack_run(packed_or_run)
     lengths = run.lengths
     if sum(lengths) != len(run.text) or len(run.ts_steps) != len(lengths) - 1 or min(lengths, default=0) < 1:
         raise ValueError("a compacted run whose lengths do not cover its text")
@@ -217,12 +275,12 @@ def run_jsons(stream_id: str, run: RunForm) -> list[tuple[int, int, bytes]]:
 def event_json(stream_id: str, seq: int, value: bytes) -> bytes | None:
     """Return the JSON of event ``seq`` stored as ``value`` (tags 0 to 2), or ``None`` when it is corrupt.
 
-    A :class:`RunForm` value holds many events: it answers ``None`` here; use
+    A run (:class:`RunForm`, :class:`PackedRunForm`) holds many events: it answers ``None`` here; use
     :func:`decode_stored` and :func:`run_jsons`.
     """
     try:
         form = _decoder.decode(value)
-        return None if isinstance(form, RunForm) else form_json(stream_id, seq, form)
+        return None if isinstance(form, RunForm | PackedRunForm) else form_json(stream_id, seq, form)
     except (msgspec.DecodeError, IndexError):
         return None
 
@@ -234,11 +292,10 @@ def value_jsons(stream_id: str, seq: int, value: bytes) -> list[tuple[int, bytes
     """
     try:
         form = _decoder.decode(value)
-        if not isinstance(form, RunForm):
+        if not isinstance(form, RunForm | PackedRunForm):
             return [(seq, form_json(stream_id, seq, form))]
-        if form.first_seq + len(form.lengths) - 1 != seq:
-            return []
-        return [(at, data) for at, _ts, data in run_jsons(stream_id, form)]
+        jsons = run_jsons(stream_id, form)
+        return [(at, data) for at, _ts, data in jsons] if jsons[-1][0] == seq else []
     except (msgspec.DecodeError, IndexError, ValueError):
         return []
 

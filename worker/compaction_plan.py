@@ -4,7 +4,8 @@
 stored form) into the entries that replace them: every run of consecutive ``block.delta``
 events of one block (same index and kinds, block id ``b<index>``, at most ``run_deltas``)
 becomes one :class:`schema.stored.RunForm` entry whose id is the run's last seq (its text,
-each delta's length and ts step); every other event keeps its own entry, in the compact
+each delta's length and ts step; zlib-compressed, :class:`schema.stored.PackedRunForm`,
+when that is smaller); every other event keeps its own entry, in the compact
 form; the terminal event stays as it is. Before it answers, the plan is expanded again and
 compared with the original JSONs, so a plan that would not give back every event byte for
 byte is never written. Anything it cannot prove (a hole in the seqs, an id of another
@@ -22,7 +23,7 @@ from typing import Final
 import msgspec
 
 from schema.contract import BlockDelta, Event, decode_event, encode_event, is_terminal
-from schema.stored import BLOCK_KINDS, DELTA_KINDS, RunForm, encode_stored, entry_jsons, value_jsons
+from schema.stored import BLOCK_KINDS, DELTA_KINDS, RunForm, encode_stored, entry_jsons, pack_run, value_jsons
 
 _encoder: Final = msgspec.msgpack.Encoder()
 
@@ -81,7 +82,7 @@ def _run_value(run: list[BlockDelta], key: tuple[int, int, int]) -> tuple[int, b
     form = RunForm(first_seq=run[0].seq, ts=run[0].ts, index=key[0], block_kind=key[1], delta_kind=key[2],
                    text="".join(d.delta.text for d in run), lengths=[len(d.delta.text) for d in run],
                    ts_steps=[b.ts - a.ts for a, b in itertools.pairwise(run)])
-    return run[-1].seq, _encoder.encode(form)
+    return run[-1].seq, _encoder.encode(pack_run(form))
 
 
 def plan(stream_id: str, raw: Iterable[tuple[bytes | str, Mapping[bytes, bytes]]], *, run_deltas: int) -> Plan:

@@ -17,8 +17,10 @@ entries, no ``compacted`` mark, the events key's length and top id unchanged. A 
 stream never changes, so these prove the entries are the ones planned from; a new generation
 (a Redis restored from an older snapshot that ran the job again) changes the epoch or
 the state, and the script answers ``changed``. It deletes the key and adds the new entries
-``0-<seq>`` (field ``c``), keeps the key's TTL (``PTTL``/``PEXPIRE``), marks meta
-``compacted``, all inside one script: Redis runs it atomically, replicates and persists
+``0-<seq>`` (field ``c``), then rewrites the key once more through ``DUMP``/``RESTORE`` with
+its TTL (``PTTL``): Redis preallocates each new stream node at ``stream-node-max-bytes``
+and a restore allocates every node at its exact size (about 4 KB less per stream). It
+marks meta ``compacted``, all inside one script: Redis runs it atomically, replicates and persists
 it as one unit (effects replication wraps it in ``MULTI``/``EXEC``), so a reader, a
 failover or a restart sees the stream before or after, never half of it. Its first write
 is ``DEL`` (not refused under ``maxmemory``), after which Redis lets the script finish.
@@ -60,7 +62,9 @@ local k = tonumber(ARGV[4])
 for i = 1, k do
   redis.call('XADD', KEYS[1], '0-' .. ARGV[3 + 2 * i], 'c', ARGV[4 + 2 * i])
 end
-if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+local dump = redis.call('DUMP', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('RESTORE', KEYS[1], math.max(ttl, 0), dump)
 redis.call('HSET', KEYS[2], 'compacted', k)
 return {'ok', tostring(k)}
 """

@@ -26,6 +26,7 @@ from schema.stored import (
     DELTA_KINDS,
     STORED_FIELD,
     DeltaForm,
+    PackedRunForm,
     RunForm,
     decode_stored,
     delta_json,
@@ -97,10 +98,11 @@ def value_entries(stream_id: str, seq: int, value: bytes, epoch: bytes = b"") ->
             data = delta_json(stream_id, seq, ts=form.ts, index=form.index, block_kind=BLOCK_KINDS[form.block_kind],
                               delta_kind=DELTA_KINDS[form.delta_kind], text=form.text)
             return [_delta(seq, form.ts, data, form, epoch)]
-        if isinstance(form, RunForm):
-            if form.first_seq + len(form.lengths) - 1 != seq:
+        if isinstance(form, RunForm | PackedRunForm):
+            jsons = run_jsons(stream_id, form)
+            if jsons[-1][0] != seq:
                 raise ValueError("a compacted run that does not end at its entry's seq")
-            return [_delta(at, ts, data, form, epoch) for at, ts, data in run_jsons(stream_id, form)]
+            return [_delta(at, ts, data, form, epoch) for at, ts, data in jsons]
         return [entry_of(seq, form_json(stream_id, seq, form), epoch)]
     except (msgspec.DecodeError, IndexError, ValueError) as exc:
         log.error("stream %s entry %s holds a stored value that does not decode (%s); it is not sent",
@@ -108,7 +110,7 @@ def value_entries(stream_id: str, seq: int, value: bytes, epoch: bytes = b"") ->
         return [invalid_entry(seq, epoch)]
 
 
-def _delta(seq: int, ts: int, data: bytes, form: DeltaForm | RunForm, epoch: bytes) -> Entry:
+def _delta(seq: int, ts: int, data: bytes, form: DeltaForm | RunForm | PackedRunForm, epoch: bytes) -> Entry:
     """Build the entry of one ``block.delta`` whose JSON was just made (no peek needed)."""
     suffix = b"." + epoch if epoch else b""
     return Entry(seq=seq, type="block.delta", ts_ms=ts, block_index=form.index,

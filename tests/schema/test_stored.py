@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -15,12 +16,15 @@ from schema.keys import EVENT_FIELD
 from schema.stored import (
     BLOCK_KINDS,
     DELTA_KINDS,
+    MAX_RUN_BYTES,
     STORED_FIELD,
+    PackedRunForm,
     RunForm,
     decode_stored,
     encode_stored,
     entry_jsons,
     event_json,
+    pack_run,
     value_jsons,
 )
 
@@ -103,3 +107,26 @@ def test_a_run_whose_lengths_do_not_cover_its_text_or_its_seq_is_corrupt() -> No
     bad = msgspec.structs.replace(_run(10, ["a", "b"], [1, 2]), lengths=[1, 2])
     assert value_jsons("st_a", 11, msgspec.msgpack.encode(bad)) == []
     assert value_jsons("st_a", 12, msgspec.msgpack.encode(_run(10, ["a", "b"], [1, 2]))) == []  # ends at 11
+
+
+def test_a_packed_run_gives_the_same_deltas_and_is_smaller_when_the_text_repeats() -> None:
+    texts = [" the", " stream", " of", " the", " answer"] * 40
+    run = _run(10, texts, list(range(100, 100 + 20 * len(texts), 20)))
+    packed = pack_run(run)
+    assert isinstance(packed, PackedRunForm)
+    assert len(msgspec.msgpack.encode(packed)) < len(msgspec.msgpack.encode(run)) / 2
+    last = 10 + len(texts) - 1
+    assert value_jsons("st_a", last, msgspec.msgpack.encode(packed)) == value_jsons("st_a", last,
+                                                                                       msgspec.msgpack.encode(run))
+
+
+def test_a_short_run_stays_unpacked() -> None:
+    run = _run(1, ["a", "b"], [1, 2])
+    assert pack_run(run) is run
+
+
+@pytest.mark.parametrize("packed", [b"not zlib", zlib.compress(b"\xc1"), zlib.compress(b"\x00" * (MAX_RUN_BYTES + 1)),
+                                    zlib.compress(b"\x00" * 100)[:-4]])
+def test_a_packed_run_that_does_not_unpack_is_corrupt(packed: bytes) -> None:
+    value = msgspec.msgpack.encode(PackedRunForm(1, 0, 0, 0, 0, packed))
+    assert value_jsons("st_a", 1, value) == []
