@@ -61,6 +61,7 @@ KEY_POSITIONS: dict[str, str | tuple[int, ...]] = {
         "GET", "SET", "SETNX", "SETEX", "INCR", "INCRBY", "DECR", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "PERSIST",
         "HGET", "HMGET", "HSET", "HSETNX", "HDEL", "HINCRBY", "HGETALL", "HEXISTS", "HLEN",
         "XADD", "XLEN", "XRANGE", "XREVRANGE", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM", "XPENDING",
+        "DUMP", "RESTORE",
         # Channels are not keys, but ours are hash-tagged per stream and declared in KEYS so the
         # slot check covers them (SPUBLISH is slot-checked like a key by Redis Cluster).
         "PUBLISH", "SPUBLISH",
