@@ -1,13 +1,16 @@
 """Lossless compaction of finished streams, after a grace period: who does it, and the one script that does it.
 
 Who: the worker that stores a stream's terminal event schedules it (:meth:`Compactor.schedule`:
-``ZADD P:compact <now + FANOUT_COMPACT_GRACE_S> <stream id>``, a plain command in its own
-slot, like the summary), and every worker sweeps the due ones in its loop
+``ZADD P:compact NX <now + FANOUT_COMPACT_GRACE_S> <stream id>``, a plain command in its own
+slot, like the summary; a worker whose claim finds a stream already done schedules it too,
+in case its writer died before), and every worker sweeps the due ones in its loop
 (:meth:`Compactor.sweep`, every ``FANOUT_COMPACT_SWEEP_S``). A worker that dies during the
 grace period leaves its entry in ``P:compact``; any other worker's sweep takes it. Two
 sweeps may take the same stream at once: the script lets only the first rewrite it (meta
 ``compacted``); the other answers ``already``. A crash between the terminal and the
-``ZADD`` loses only the compaction of that stream (it keeps its live form until its TTL).
+``ZADD`` (and before the job's ack, which follows it) leaves the job pending: the worker
+that reclaims it finds the stream done and schedules the compaction. Only a failed ``ZADD``
+loses the compaction of that stream (logged; it keeps its live form until its TTL).
 
 How: :func:`worker.compaction_plan.plan` turns the entries read (``XRANGE``, after meta says
 ``done``) into the compacted ones, proven to give back every event's JSON exactly; then
@@ -103,12 +106,12 @@ class Compactor:
         self.script: AsyncScript = redis.register_script(COMPACT_LUA)
 
     async def schedule(self, stream_id: str, now_ms: int | None = None) -> None:
-        """``ZADD P:compact <now + grace> <stream id>``; a Redis error is logged, not raised."""
+        """``ZADD P:compact NX <now + grace> <stream id>`` (an earlier due time stays); a Redis error is logged."""
         if self.grace_s < 0:
             return
         due = (now_ms if now_ms is not None else int(time.time() * 1000)) + int(self.grace_s * 1000)
         try:
-            await self.redis.zadd(self.keys.compact_due, {stream_id: due})
+            await self.redis.zadd(self.keys.compact_due, {stream_id: due}, nx=True)
         except REDIS_ERRORS as exc:
             log.warning("event=compaction_unscheduled stream_id=%s %s", stream_id, redis_error_fields(exc))
 

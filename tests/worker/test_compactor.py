@@ -203,3 +203,23 @@ async def test_a_promoted_replica_holds_the_whole_compaction(keys: Keys) -> None
         assert await _frames(replica.url, keys, sid) == before
         with replica.client() as sync:
             assert sync.xlen(keys.events(sid)) == 5
+
+
+async def test_a_worker_reclaiming_a_finished_streams_job_schedules_its_compaction(
+        redis_url: str, keys: Keys, redis_client) -> None:
+    job = make_job("openai_chat", "text_only")
+    events = text_stream(job.stream_id, 30)
+    await _finished(redis_client, keys, job.stream_id, events)  # its writer died before ZADD and ack
+    await redis_client.hset(keys.meta(job.stream_id), "state", "done")
+    before = await _frames(redis_url, keys, job.stream_id)
+    async with fake_upstream() as (base, state):
+        settings = settings_for(base, redis_url, keys, compact_grace_s=0.0, compact_sweep_s=0.05)
+        async with running_worker(settings, keys):
+            await submit(redis_client, keys, job)
+            for _ in range(200):
+                if "compacted" in await meta(redis_client, keys, job.stream_id):
+                    break
+                await asyncio.sleep(0.05)
+        assert state.requests == []
+    assert "compacted" in await meta(redis_client, keys, job.stream_id)
+    assert await _frames(redis_url, keys, job.stream_id) == before
