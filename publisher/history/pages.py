@@ -15,7 +15,7 @@ without JSON is. Follows the WHATWG HTML "Server-sent events" section for the fr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -28,6 +28,7 @@ from schema.stored import (
     DeltaForm,
     PackedRunForm,
     RunForm,
+    StoredForm,
     decode_stored,
     delta_json,
     form_json,
@@ -35,6 +36,7 @@ from schema.stored import (
 )
 
 log = logging.getLogger(__name__)
+_stored_decoder: Final = msgspec.msgpack.Decoder(StoredForm)
 
 
 def page_of(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes = b"") -> Page:
@@ -51,9 +53,50 @@ def page_of(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes = b"") ->
     """
     if all(_field_name(fields) == EVENT_FIELD for _, fields in raw):
         return entries_of(stream_id, raw, epoch)
+    fast = _compact_page(stream_id, raw, epoch) if raw else None
+    if fast is not None:
+        return fast
     page = Page(epoch=epoch)
     for entry_id, fields in raw:
         page.extend(item_entries(stream_id, entry_id, fields, epoch))
+    return page
+
+
+_BLOCK_KIND_BYTES: Final = tuple(kind.encode() for kind in BLOCK_KINDS)
+_DELTA_KIND_BYTES: Final = tuple(kind.encode() for kind in DELTA_KINDS)
+_json: Final = msgspec.json.Encoder()
+
+
+def _compact_page(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes) -> Page | None:
+    """Parse a page of consecutive ``0-<seq>`` items all in field ``c``; ``None`` sends it the careful way.
+
+    The usual page of a live or replayed stream: one loop, each delta's frame made in one
+    format (the same bytes as :func:`schema.stored.delta_json` in :func:`_delta`); any
+    other form goes through :func:`value_entries`. ``None`` when an id, a field or a kind
+    code is not the usual one.
+    """
+    first, last = ours_seq(raw[0][0]), ours_seq(raw[-1][0])
+    if first is None or last is None or last - first + 1 != len(raw):
+        return None
+    sid, suffix, decode = stream_id.encode(), b"." + epoch if epoch else b"", _stored_decoder.decode
+    page = Page(epoch=epoch)
+    for seq, (_entry_id, fields) in zip(range(first, last + 1), raw, strict=True):
+        if len(fields) != 2 or fields[0] != STORED_FIELD:
+            return None
+        try:
+            form = decode(fields[1])
+            if type(form) is not DeltaForm:
+                page.extend(value_entries(stream_id, seq, fields[1], epoch))
+                continue
+            kind = _BLOCK_KIND_BYTES[form.block_kind]
+            frame = (b'id: %d%s\nevent: block.delta\ndata: {"type":"block.delta","stream_id":"%s","seq":%d,"ts":%d,'
+                     b'"block":{"id":"b%d","index":%d,"kind":"%s"},"delta":{"kind":"%s","text":%s}}\n\n') % (
+                seq, suffix, sid, seq, form.ts, form.index, form.index, kind, _DELTA_KIND_BYTES[form.delta_kind],
+                _json.encode(form.text))
+        except (msgspec.DecodeError, IndexError):
+            return None
+        page.append(Entry(seq=seq, type="block.delta", ts_ms=form.ts, block_index=form.index,
+                          block_kind=BLOCK_KINDS[form.block_kind], visibility=None, frame=frame, epoch=epoch))
     return page
 
 

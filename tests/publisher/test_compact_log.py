@@ -7,10 +7,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from publisher.history.pages import item_entries, page_of
 from publisher.history.store import Store
-from schema.contract import Event, encode_event
+from schema.contract import BlockDelta, BlockRef, Delta, Event, encode_event
 from schema.keys import Keys
+from schema.stored import encode_stored
 from tests.conftest import delete_prefix
 from tests.publisher.helpers import API_KEY, StreamWriter, bearer, make_settings, text_stream
 from tests.schema.test_stored import GOLDENS, golden_events
@@ -90,3 +94,19 @@ async def test_live_readers_get_compact_notifications_as_the_json_frames(ctx) ->
         rest = await asyncio.wait_for(resp.content.read(), 10)
     got = first + rest.replace(b": ping\n\n", b"")
     assert got.endswith(b"".join(_frame(e, b"e9") for e in events[1:]))
+
+
+@settings(max_examples=60)
+@given(texts=st.lists(st.text(min_size=1), min_size=1, max_size=12), first=st.integers(min_value=1, max_value=10**9),
+       corrupt=st.integers(min_value=-1, max_value=11))
+def test_the_fast_compact_page_equals_the_careful_one(texts: list[str], first: int, corrupt: int) -> None:
+    sid = "st_Fast-1"
+    events = [BlockDelta(stream_id=sid, seq=first + i, ts=i * 7, block=BlockRef(id="b2", index=2, kind="reasoning"),
+                         delta=Delta(kind="text", text=text)) for i, text in enumerate(texts)]
+    raw = [(b"0-%d" % e.seq, [b"c", encode_stored(e)]) for e in events]
+    if 0 <= corrupt < len(raw):
+        raw[corrupt] = (raw[corrupt][0], [b"c", b"\xc1"])
+    fast = page_of(sid, raw, b"ep")
+    careful = [entry for entry_id, fields in raw for entry in item_entries(sid, entry_id, fields, b"ep")]
+    assert list(fast) == careful
+    assert [e.frame for e in fast if e.frame] == [_frame(e, b"ep") for i, e in enumerate(events) if i != corrupt]
