@@ -39,26 +39,36 @@ log = logging.getLogger(__name__)
 _stored_decoder: Final = msgspec.msgpack.Decoder(StoredForm)
 
 
-def page_of(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes = b"") -> Page:
+def page_of(stream_id: str, raw: list[tuple[bytes, Any]], epoch: bytes = b"", *, after: int = 0,
+            limit: int | None = None) -> Page:
     """Parse one XRANGE reply (``[(entry id, fields)]``, ascending ids) of either stored form.
 
     Args:
         stream_id: The stream the key names (compact values do not hold it).
         raw: The reply, fields as redis' flat ``[name, value, ...]`` lists or maps.
         epoch: The generation's epoch, for the frames' ``id`` (``b""``: none).
+        after: The reader's position: entries at or before it do not count toward ``limit``
+            (a compacted run that holds it starts before it).
+        limit: Stop parsing items once the page holds this many entries after ``after`` (a
+            compacted run gives many: a reply of runs is not expanded past what was asked for).
 
     Returns:
         The entries in seq order; a compacted run gives one entry per delta, so the page
-        may hold more entries than ``raw`` had items. Foreign ids are logged and skipped.
+        may hold more entries than ``raw`` had items (and more than ``limit``: the last run
+        is whole). Foreign ids are logged and skipped.
     """
     if all(_field_name(fields) == EVENT_FIELD for _, fields in raw):
         return entries_of(stream_id, raw, epoch)
     fast = _compact_page(stream_id, raw, epoch) if raw else None
     if fast is not None:
         return fast
-    page = Page(epoch=epoch)
+    page, kept = Page(epoch=epoch), 0
     for entry_id, fields in raw:
-        page.extend(item_entries(stream_id, entry_id, fields, epoch))
+        if limit is not None and kept >= limit:
+            break
+        entries = item_entries(stream_id, entry_id, fields, epoch)
+        page.extend(entries)
+        kept += sum(1 for entry in entries if entry.seq > after)
     return page
 
 

@@ -222,7 +222,8 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b"")), after, self.page)
+        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
+                               limit=self.page), after, self.page)
                 for (stream_id, after), key in zip(positions, keys, strict=True)]
 
     async def _epochs(self, stream_ids: list[str]) -> list[bytes]:
@@ -236,7 +237,7 @@ class Store:
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        return _after(page_of(stream_id, raw, epoch), after_seq, count)
+        return _after(page_of(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""

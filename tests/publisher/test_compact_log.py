@@ -18,6 +18,7 @@ from schema.stored import encode_stored
 from tests.conftest import delete_prefix
 from tests.publisher.helpers import API_KEY, StreamWriter, bearer, make_settings, text_stream
 from tests.schema.test_stored import GOLDENS, golden_events
+from worker.compaction_plan import plan
 
 pytestmark = pytest.mark.topologies
 
@@ -110,3 +111,22 @@ def test_the_fast_compact_page_equals_the_careful_one(texts: list[str], first: i
     careful = [entry for entry_id, fields in raw for entry in item_entries(sid, entry_id, fields, b"ep")]
     assert list(fast) == careful
     assert [e.frame for e in fast if e.frame] == [_frame(e, b"ep") for i, e in enumerate(events) if i != corrupt]
+
+
+def test_a_reply_of_compacted_runs_is_expanded_only_as_far_as_the_reader_asked() -> None:
+    sid = "st_runs"
+    events = text_stream(sid, 200)
+    raw = [(b"0-%d" % e.seq, {b"c": encode_stored(e)}) for e in events]
+    planned = plan(sid, raw, run_deltas=5)
+    compacted = [(b"0-%d" % seq, [b"c", value]) for seq, value in planned.entries]
+    page = page_of(sid, compacted, b"", after=12, limit=7)
+    assert len([e for e in page if e.seq > 12]) >= 7
+    assert page[-1].seq <= 12 + 7 + 5
+    whole = page_of(sid, compacted, b"")
+    assert [e.frame for e in whole] == [_frame_bare(e) for e in events]
+
+
+def _frame_bare(event: Event) -> bytes:
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event.seq, tag.encode(), encode_event(event))
