@@ -49,13 +49,11 @@ Sizes (``bench/storage_bench.py``): a live delta of ``n`` UTF-8 bytes stores
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
 from schema.contract import BlockDelta, Event, encode_event
-from schema.keys import EVENT_FIELD, seq_of
 
 STORED_FIELD: Final = b"c"
 """Field of an events-stream entry that holds the compact stored form (this module)."""
@@ -284,39 +282,3 @@ def event_json(stream_id: str, seq: int, value: bytes) -> bytes | None:
     except (msgspec.DecodeError, IndexError):
         return None
 
-
-def value_jsons(stream_id: str, seq: int, value: bytes) -> list[tuple[int, bytes]]:
-    """Return ``(seq, JSON)`` of each event the compact value at entry ``0-<seq>`` holds; ``[]`` when corrupt.
-
-    One pair for tags 0 to 2, one per delta for a compacted run (tag 3) that ends at ``seq``.
-    """
-    try:
-        form = _decoder.decode(value)
-        if not isinstance(form, RunForm | PackedRunForm):
-            return [(seq, form_json(stream_id, seq, form))]
-        jsons = run_jsons(stream_id, form)
-        return [(at, data) for at, _ts, data in jsons] if jsons[-1][0] == seq else []
-    except (msgspec.DecodeError, IndexError, ValueError):
-        return []
-
-
-def entry_jsons(stream_id: str, entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> list[tuple[int, bytes]]:
-    """Return ``(seq, JSON)`` of each event one stored entry holds, in either form (for tools and tests).
-
-    Args:
-        stream_id: The stream the key names.
-        entry_id: ``0-<seq>``.
-        fields: The entry's fields as a map: ``c`` (compact) or ``e`` (the JSON form).
-
-    Returns:
-        The JSON form's value as stored, or what :func:`value_jsons` rebuilds; ``[]`` for an
-        entry with neither field or a corrupt compact value.
-
-    Raises:
-        ValueError: ``entry_id`` is not ``0-<seq>``.
-    """
-    seq = seq_of(entry_id)
-    if EVENT_FIELD in fields:
-        return [(seq, fields[EVENT_FIELD])]
-    value = fields.get(STORED_FIELD)
-    return value_jsons(stream_id, seq, value) if value is not None else []

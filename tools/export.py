@@ -39,7 +39,8 @@ import redis.exceptions
 
 from infra.redis_client import REDIS_ERRORS, RedisClient
 from schema.keys import EVENT_FIELD, Keys
-from schema.stored import STORED_FIELD, value_jsons
+from schema.stored import STORED_FIELD
+from schema.stored_entries import value_jsons
 
 log = logging.getLogger("fanout.export")
 

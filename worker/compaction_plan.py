@@ -23,7 +23,8 @@ from typing import Final
 import msgspec
 
 from schema.contract import BlockDelta, Event, decode_event, encode_event, is_terminal
-from schema.stored import BLOCK_KINDS, DELTA_KINDS, RunForm, encode_stored, entry_jsons, pack_run, value_jsons
+from schema.stored import BLOCK_KINDS, DELTA_KINDS, RunForm, encode_stored, pack_run
+from schema.stored_entries import entry_jsons, value_jsons
 
 _encoder: Final = msgspec.msgpack.Encoder()
 

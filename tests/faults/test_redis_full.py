@@ -26,7 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from schema.keys import Keys
-from schema.stored import entry_jsons
+from schema.stored_entries import entry_jsons
 from tests.faults.conftest import StartPublisher
 from tests.faults.polling import until
 from tests.faults.procs import log_problems

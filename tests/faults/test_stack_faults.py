@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from schema.stored import entry_jsons
+from schema.stored_entries import entry_jsons
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, TERMINALS, Parser
 from tests.publisher.helpers import API_KEY, SECRET

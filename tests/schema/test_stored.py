@@ -22,11 +22,10 @@ from schema.stored import (
     RunForm,
     decode_stored,
     encode_stored,
-    entry_jsons,
     event_json,
     pack_run,
-    value_jsons,
 )
+from schema.stored_entries import entry_jsons, value_jsons
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = sorted([*ROOT.glob("transcripts/*/*.events.jsonl"), *ROOT.glob("tests/cases/transcripts/*/*.events.jsonl")])

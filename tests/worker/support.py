@@ -19,7 +19,7 @@ from infra.redis_client import RedisClient, RedisOptions, connect, primary_clien
 from schema.contract import Event, decode_event
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD, Keys, shard_of
-from schema.stored import entry_jsons
+from schema.stored_entries import entry_jsons
 from tests.conftest import is_cluster_url
 from tools.upstream import STATE, ServerConfig, ServerState, make_app
 from worker.runner import Worker

@@ -29,7 +29,8 @@ from schema.contract import (
 )
 from schema.errors import InternalError
 from schema.keys import Keys
-from schema.stored import encode_stored, entry_jsons
+from schema.stored import encode_stored
+from schema.stored_entries import entry_jsons
 from tests.conftest import client_for, delete_prefix
 from tests.worker.support import command_calls
 from worker.appender import (

@@ -23,7 +23,7 @@ from schema.contract import (
     decode_event,
 )
 from schema.keys import Keys
-from schema.stored import entry_jsons
+from schema.stored_entries import entry_jsons
 from tests.worker.support import fake_upstream, make_job, meta, running_worker, settings_for, stored_events, submit
 from tests.worker.support import wait_done as wait_stream_done
 from tests.worker.test_appender import _published
