@@ -138,7 +138,7 @@ class Appender:
         on_retry: Called with the Redis error before each retried script call (a metric).
         wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
         wait_ms: Longest such ``WAIT``, ms.
-        live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
+        live_max_bytes: Largest batch (compact stored bytes plus one per event) whose events
             ride on the live notification; a larger batch publishes only its last seq.
         live_pubsub: ``FANOUT_LIVE_PUBSUB``, resolved by :meth:`live` on first use
             (:func:`infra.live_pubsub.live_mode`).

@@ -100,7 +100,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream ``P:done``."""
     live_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
-    """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
+    """Largest batch (its events' compact stored bytes + 1 per event) whose events ride on the live
     notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
     compact_grace_s: float = 10.0
     """How long after its terminal event a finished stream is compacted (its deltas rewritten as
