@@ -26,6 +26,9 @@ model                  answer
 unknown                404 with the provider's error body, pointing at ``transcripts/<dir>/INDEX.md``
 =====================  ===========================================================================
 
+A ``/v1/responses`` body with ``"background": true`` gets OpenAI's background mode
+(:mod:`tools.fake_background`: kept responses, ``GET /v1/responses/{id}?stream=true``, cancel).
+
 Every request is recorded (method, path, query, headers with secret values shown as
 ``***``, whether a credential was sent, JSON body, monotonic arrival time) and listed by ``GET /_requests``;
 ``DELETE /_requests`` clears the list. Never for production: it checks no credential.
@@ -45,6 +48,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +57,7 @@ from aiohttp import web
 
 from schema import logs
 from schema.cli import CommandError, at_least, existing_directory, port_number
+from tools import fake_background
 from worker.upstream_errors import STATUS_CATEGORY
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -113,6 +118,8 @@ class ServerState:
         self.open_max = 0
         """The most streamed answers ever written at once (tests of concurrency caps)."""
         self.stopping = asyncio.Event()
+        self.background = fake_background.BackgroundStore()
+        """Kept background responses (:mod:`tools.fake_background`)."""
 
 
 STATE: Final = web.AppKey("state", ServerState)
@@ -307,7 +314,11 @@ async def _pause(state: ServerState, delay_ms: int) -> bool:
 
 async def _handle(request: web.Request, provider_dir: str, model: str) -> web.StreamResponse:
     raw = await request.read()
-    request.app[STATE].requests.append(_record(request, raw))
+    state = request.app[STATE]
+    state.requests.append(_record(request, raw))
+    if provider_dir == "openai_responses" and fake_background.asks_background(raw):
+        return await fake_background.create(request, model, partial(_find, state.config.roots, provider_dir),
+                                            (state.config.delay_ms, state.config.slow_delay_ms))
     return await _answer(request, provider_dir, model)
 
 
@@ -355,6 +366,7 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
     app.router.add_post("/v1/responses", _by_body_model("openai_responses"))
     app.router.add_post("/v1/messages", _by_body_model("anthropic"))
     app.router.add_post("/v1beta/models/{model:[^/:]+}:streamGenerateContent", _gemini)
+    fake_background.install(app, app[STATE].background)
     app.router.add_get("/_requests", _list_requests)
     app.router.add_delete("/_requests", _clear_requests)
     return app

@@ -58,6 +58,8 @@ class StreamWriter:
         """``ts`` of the first ``block.delta`` this writer stored."""
         self.terminal: StreamDone | StreamError | None = None
         """The terminal event once this writer stored it."""
+        self.background: tuple[str, str, str] | None = None
+        """A background attempt's ``(response id, cursor, endpoint)``, stored in meta with each batch."""
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         """Waits between retries; the job sets one that stops when it is fenced or shut down."""
 
@@ -101,6 +103,7 @@ class StreamWriter:
         if not events:
             return self.last_seq
         keys, sid, argv = self._appender.keys, self.stream_id, self._argv(events, await self._appender.live())
+        argv += list(self.background or ())
 
         async def call() -> tuple[str, str]:
             reply = await self._appender.script(
