@@ -78,7 +78,8 @@ class Authorizer:
 
     def __init__(self, secrets: Secrets) -> None:
         self.secrets = secrets
-        self._google: dict[str, _GoogleToken] = {}
+        self._google = _GoogleToken()
+        """One Application Default Credentials for every ``google`` endpoint (they share the process's ADC)."""
         self._aws: dict[str, _AwsSigner] = {}
 
     def __repr__(self) -> str:
@@ -95,8 +96,7 @@ class Authorizer:
             header, prefix = KEY_HEADERS[endpoint.auth]
             return {header: prefix + self.key(endpoint)}
         if endpoint.auth == "google":
-            token = self._google.setdefault(endpoint.name, _GoogleToken(endpoint.name))
-            return await token.headers()
+            return await self._google.headers(endpoint.name)
         if endpoint.auth == "aws":
             key = self.key(endpoint, required=False) or self.secrets.variable(BEDROCK_API_KEY_VARIABLE)
             if key:
@@ -123,22 +123,22 @@ class Authorizer:
 
 
 class _GoogleToken:
-    """One endpoint's Application Default Credentials and their access token."""
+    """The process's Application Default Credentials and their access token."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self._credentials: Any = None
         self._lock = asyncio.Lock()
 
-    async def headers(self) -> dict[str, str]:
+    async def headers(self, name: str) -> dict[str, str]:
+        """Return the bearer (and quota project) headers; ``name``: the endpoint, for errors."""
         async with self._lock:
             if self._credentials is None or self._credentials.expired or not self._credentials.token:
-                self._credentials = await asyncio.to_thread(self._refreshed)
+                self._credentials = await asyncio.to_thread(self._refreshed, name)
         credentials = self._credentials
         quota = getattr(credentials, "quota_project_id", None)
         return {"Authorization": f"Bearer {credentials.token}"} | ({"x-goog-user-project": quota} if quota else {})
 
-    def _refreshed(self) -> Any:
+    def _refreshed(self, name: str) -> Any:
         """Load (once) and refresh the credentials; runs in a thread."""
         import google.auth  # noqa: PLC0415 - loaded only by a worker with a google endpoint
         import google.auth.exceptions  # noqa: PLC0415
@@ -151,13 +151,13 @@ class _GoogleToken:
                 credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
             credentials.refresh(google.auth.transport.urllib3.Request(urllib3.PoolManager()))  # type: ignore[no-untyped-call]
         except google.auth.exceptions.DefaultCredentialsError as exc:
-            raise CredentialError(f"endpoint {self.name!r}: no Google Application Default Credentials (set "
+            raise CredentialError(f"endpoint {name!r}: no Google Application Default Credentials (set "
                                   "GOOGLE_APPLICATION_CREDENTIALS, or run where a metadata server answers)") from exc
         except google.auth.exceptions.TransportError as exc:
-            raise CredentialError(f"endpoint {self.name!r}: the Google token server could not be reached "
+            raise CredentialError(f"endpoint {name!r}: the Google token server could not be reached "
                                   f"({type(exc).__name__})", category="upstream_error", retryable=True) from exc
         except google.auth.exceptions.RefreshError as exc:
-            raise CredentialError(f"endpoint {self.name!r}: the Google token server refused the credentials "
+            raise CredentialError(f"endpoint {name!r}: the Google token server refused the credentials "
                                   f"({type(exc).__name__})") from exc
         return credentials
 

@@ -92,7 +92,7 @@ class RouteRun(JobStorage):
             await self._append(last.events)
         else:
             await self._write_error(FanoutError(
-                f"no free slot of endpoint {names[0]!r} (max_concurrency) within the total time limit",
+                f"no free slot (max_concurrency) of endpoint {', '.join(names)} within the total time limit",
                 category="timeout", retryable=True))
 
     def _fell_back(self, name: str, failure: RetryAttempt, *, more: bool) -> None:
@@ -163,5 +163,6 @@ class RouteRun(JobStorage):
         failure = state.outcome.exception() if state.outcome else None
         category = failure.error.category if isinstance(failure, RetryAttempt) else "internal"
         self.telemetry.retry(provider=self.job.provider, category=category)
-        log.info("event=upstream_retry stream_id=%s attempt=%d category=%s delay_s=%.3f", self.job.stream_id,
-                 state.attempt_number, category, state.upcoming_sleep)
+        log.info("event=upstream_retry stream_id=%s endpoint=%s attempt=%d category=%s delay_s=%.3f",
+                 self.job.stream_id, self._target.name if self._target else "-", state.attempt_number, category,
+                 state.upcoming_sleep)

@@ -125,6 +125,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Gemini API root; ``/v1beta/models/{model}:streamGenerateContent`` is appended."""
     gemini_framing: Literal["sse", "json_array"] = "sse"
     """``sse`` asks Gemini for ``alt=sse``; ``json_array`` reads its default streamed array."""
+    upstreams_file: str = ""
+    """``FANOUT_UPSTREAMS_FILE``: path of the upstreams file (TOML, see the Upstreams page): named
+    endpoints (OpenAI-compatible servers, Azure, Vertex, Bedrock) and model routes. When set, the
+    ``*_BASE_URL`` variables above and ``FANOUT_GEMINI_FRAMING`` no longer apply; a mistake in it,
+    or an endpoint whose secret cannot be read, stops the worker at start (exit 2)."""
 
     metrics_poll_s: _Positive = 5.0
     """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``

@@ -201,3 +201,12 @@ def test_background_is_off_by_default_and_on_for_a_responses_endpoint() -> None:
     off = parse('[endpoints.a]\napi = "openai_responses"\nurl = "https://h/v1"\nauth = "none"\n')
     assert on.endpoints["a"].background is True
     assert off.endpoints["a"].background is False
+
+
+def test_the_docs_example_parses() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "upstreams.md").read_text()
+    example = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    upstreams = parse_upstreams(example, "docs/upstreams.md")
+    assert set(upstreams.endpoints) == {"openai", "vllm", "azure-east", "anthropic", "gemini", "vertex-gemini",
+                                        "vertex-claude", "bedrock"}
+    assert [t.model for t in targets(upstreams, "openai_chat", "gpt-4o")] == ["gpt4o-prod", "gpt-4o"]

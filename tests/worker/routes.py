@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 from infra.redis_client import RedisClient, RedisOptions, connect
 from schema.contract import Event
@@ -22,7 +22,7 @@ from tools.upstream import ServerConfig, ServerState
 from worker.runner import Worker
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
-from worker.upstream import new_session
+from worker.upstream import Credentials, new_session
 
 OK = "simple_text"
 """A recorded Anthropic answer that completes (its provider model: :data:`OK_MODEL`)."""
@@ -41,6 +41,28 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def unaccepting_url() -> Iterator[str]:
+    """Yield an http URL on 127.0.0.1 whose TCP connects hang: a listener whose accept queue is full.
+
+    Linux drops the SYN of a connection to a listener whose backlog is full, so the client's
+    connect waits (its connect timeout decides) instead of being refused.
+    """
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        held = [socket.socket() for _ in range(4)]
+        try:
+            for sock in held:
+                sock.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    sock.connect(listener.getsockname())
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def upstreams_toml(urls: Mapping[str, str], models: Mapping[str, str], *,
@@ -72,13 +94,14 @@ async def fakes(*names: str, config: ServerConfig | None = None) -> AsyncIterato
 
 
 @contextlib.asynccontextmanager
-async def routing_worker(settings: WorkerSettings, keys: Keys, toml: str, *,
-                         telemetry: Telemetry | None = None) -> AsyncIterator[Worker]:
+async def routing_worker(settings: WorkerSettings, keys: Keys, toml: str, *, telemetry: Telemetry | None = None,
+                         credentials: Credentials | None = None) -> AsyncIterator[Worker]:
     """Run a worker in this event loop that routes jobs by the upstreams file ``toml``, until the block ends."""
     upstreams: Upstreams = parse_upstreams(toml, "test-upstreams.toml")
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster))
     session = new_session(settings)
-    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams)
+    worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, upstreams=upstreams,
+                           credentials=credentials)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:

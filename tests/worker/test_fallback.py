@@ -7,6 +7,8 @@ falls back; after the first stored delta it never does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import redis.asyncio as aioredis
 
@@ -23,14 +25,18 @@ from tests.worker.routes import (
     models_sent,
     routing_worker,
     run_route_job,
+    unaccepting_url,
     upstreams_toml,
 )
 from tests.worker.support import make_job, settings_for, stored_events, strip_volatile, submit, wait_done
 from tools.replay import TRANSCRIPT_DIRS, replay_file
 from tools.upstream import DEFAULT_ROOTS
 
-SHORT = "idle_timeout_s = 0.3\nprogress_timeout_s = 0.3"
-"""A failing endpoint's own short deadlines (the worker's are 3 s): per-endpoint timeouts at work."""
+SHORT = "idle_timeout_s = 0.3\nprogress_timeout_s = 0.3\nconnect_timeout_s = 0.3"
+"""A failing endpoint's own short deadlines: per-endpoint timeouts at work."""
+PATIENT = {"connect_timeout_s": 60.0, "idle_timeout_s": 60.0, "progress_timeout_s": 60.0, "total_timeout_s": 8.0}
+"""The worker's own deadlines: were the endpoint's not applied, a timing-out endpoint would use up the job's
+total time and no fallback could happen."""
 
 KINDS: dict[str, tuple[str, int]] = {
     "http_429": ("status-429", 1),  # Retry-After: 1 -> cools down -> falls back without retrying
@@ -41,16 +47,24 @@ KINDS: dict[str, tuple[str, int]] = {
     "progress_timeout": ("pings", 2),
     "idle_timeout": ("hang", 2),
     "connection_refused": ("", 0),
+    "connect_timeout": ("", 0),
 }
 """Failure kind → (the failing endpoint's upstream model, requests it gets before the job falls back)."""
 
 
-def _failing(kind: str, name: str, urls: dict[str, str], models: dict[str, str]) -> None:
+def _failing(kind: str, name: str, urls: dict[str, str], models: dict[str, str], hanging: str) -> None:
     model, _requests = KINDS[kind]
-    if kind == "connection_refused":
-        urls[name] = closed_port_url()
+    if kind in ("connection_refused", "connect_timeout"):
+        urls[name] = closed_port_url() if kind == "connection_refused" else hanging
         model = OK
     models[name] = model
+
+
+@pytest.fixture
+def hanging() -> Iterator[str]:
+    """A URL whose TCP connects hang (:func:`tests.worker.routes.unaccepting_url`)."""
+    with unaccepting_url() as url:
+        yield url
 
 
 def _assert_answered_by(events: list, endpoint: str) -> None:  # type: ignore[type-arg]
@@ -65,14 +79,14 @@ def _assert_answered_by(events: list, endpoint: str) -> None:  # type: ignore[ty
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-async def test_falls_back_to_the_second_endpoint(kind: str, redis_url: str, keys: Keys,
-                                                 redis_client: aioredis.Redis) -> None:
+async def test_falls_back_to_the_second_endpoint(kind: str, redis_url: str, keys: Keys, redis_client: aioredis.Redis,
+                                                 hanging: str) -> None:
     async with fakes("a", "b") as servers:
         urls = {name: base for name, (base, _) in servers.items()}
         models = {"b": OK}
-        _failing(kind, "a", urls, models)
+        _failing(kind, "a", urls, models, hanging)
         toml = upstreams_toml(urls, models, endpoint_keys={"a": SHORT})
-        async with routing_worker(settings_for(urls["b"], redis_url, keys, max_retries=1), keys, toml):
+        async with routing_worker(settings_for(urls["b"], redis_url, keys, max_retries=1, **PATIENT), keys, toml):
             events = await run_route_job(redis_client, keys)
     _assert_answered_by(events, "b")
     assert len(servers["a"][1].requests) == KINDS[kind][1]
@@ -80,15 +94,15 @@ async def test_falls_back_to_the_second_endpoint(kind: str, redis_url: str, keys
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-async def test_falls_back_over_three_endpoints(kind: str, redis_url: str, keys: Keys,
-                                               redis_client: aioredis.Redis) -> None:
+async def test_falls_back_over_three_endpoints(kind: str, redis_url: str, keys: Keys, redis_client: aioredis.Redis,
+                                               hanging: str) -> None:
     async with fakes("a", "b", "c") as servers:
         urls = {name: base for name, (base, _) in servers.items()}
         models = {"c": OK}
-        _failing(kind, "a", urls, models)
+        _failing(kind, "a", urls, models, hanging)
         models["b"] = "status-500" if kind != "http_500" else IN_STREAM
         toml = upstreams_toml(urls, models, endpoint_keys={"a": SHORT})
-        async with routing_worker(settings_for(urls["c"], redis_url, keys, max_retries=1), keys, toml):
+        async with routing_worker(settings_for(urls["c"], redis_url, keys, max_retries=1, **PATIENT), keys, toml):
             events = await run_route_job(redis_client, keys)
     _assert_answered_by(events, "c")
     assert len(servers["a"][1].requests) == KINDS[kind][1]

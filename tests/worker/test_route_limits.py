@@ -11,7 +11,7 @@ import time
 import redis.asyncio as aioredis
 
 from fanout_client import FanoutClient
-from schema.contract import StreamDone
+from schema.contract import StreamDone, StreamError
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, running_publisher
 from tests.worker.routes import OK, OK_MODEL, fakes, models_sent, routing_worker, run_route_job, upstreams_toml
@@ -127,3 +127,20 @@ async def test_attempts_are_spans_and_metrics_labelled_by_endpoint(redis_url: st
     assert captured.total("fanout.upstream.fallbacks", endpoint="a") == 1
     assert captured.total("fanout.endpoint.cooldowns", endpoint="a") == 1
     assert models_sent(servers["b"][1]) == [OK]
+
+
+async def test_a_job_waiting_for_a_slot_past_its_total_time_ends_interrupted_timeout(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> None:
+    async with fakes("a", "b") as servers:
+        urls = {name: base for name, (base, _) in servers.items()}
+        toml = upstreams_toml(urls, {"a": OK, "b": OK}, endpoint_keys={"a": "max_concurrency = 1"},
+                              route_keys='on_full = "wait"')
+        async with routing_worker(settings_for(urls["a"], redis_url, keys, total_timeout_s=0.5), keys, toml) as worker:
+            worker.ctx.router.slots.take("a")  # held by a job of this process that never ends
+            events = await run_route_job(redis_client, keys)
+    end = events[-1]
+    assert isinstance(end, StreamError)
+    assert (end.status, end.error.category) == ("interrupted", "timeout")
+    assert "no free slot" in end.error.message
+    assert servers["a"][1].requests == []
+    assert servers["b"][1].requests == []
