@@ -205,9 +205,8 @@ def targets(upstreams: Upstreams, provider: str, model: str, endpoint: str = "")
 
 def _check_speaks(endpoint: Endpoint, provider: str, *, route: str = "") -> None:
     if provider not in endpoint.apis:
-        via = f"route {route!r} goes to endpoint {endpoint.name!r}, which" if route else \
-            f"endpoint {endpoint.name!r}"
-        raise LookupError(f"provider {provider!r} is not spoken by {via} speaks {', '.join(endpoint.apis)}")
+        via = f"route {route!r}: it goes to endpoint {endpoint.name!r}" if route else f"endpoint {endpoint.name!r}"
+        raise LookupError(f"provider {provider!r} is not spoken by {via}, which speaks {', '.join(endpoint.apis)}")
 
 
 def _known(upstreams: Upstreams) -> str:

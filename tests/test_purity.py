@@ -29,6 +29,8 @@ PURE = [
     ROOT / "worker" / "pipeline.py",
     ROOT / "worker" / "jobentry.py",
     ROOT / "worker" / "summary.py",
+    ROOT / "worker" / "platforms.py",
+    ROOT / "worker" / "upstream_errors.py",
     ROOT / "tools" / "replay.py",
     *sorted((ROOT / "publisher" / "wire").glob("*.py")),
     ROOT / "publisher" / "history" / "entries.py",

@@ -15,7 +15,8 @@ streaming recorded transcripts, after checking the credential the way the cloud 
   ``Authorization`` whose scope names the configured key id, region and ``bedrock`` and whose
   signature botocore recomputes from the request as received, or a Bedrock API key as
   bearer; invoke bodies need ``anthropic_version: bedrock-2023-05-31`` and neither ``model``
-  nor ``stream``; streams ``bedrock_invoke``/``bedrock_converse/<m>.eventstream``.
+  nor ``stream``; streams ``bedrock_invoke``/``bedrock_converse/<m>.eventstream`` (of an ARN
+  ``…/<m>``, sent percent-encoded as ``%2F``, the last segment).
 * ``POST /token`` (Google's OAuth2 token endpoint): a service account's RS256 JWT assertion
   (RFC 7523 grant), verified with the configured public key, audience and scope; answers
   an access token.
@@ -175,7 +176,8 @@ async def _bedrock(request: web.Request) -> web.StreamResponse:
     if verdict.startswith("refused"):
         kind = "InvalidSignatureException" if verdict == "refused-signature" else "UnrecognizedClientException"
         return _json_error(403, {"message": f"The request was refused ({kind})."}, {"x-amzn-ErrorType": kind})
-    operation, model = request.match_info["operation"], request.match_info["model"]
+    operation = request.match_info["operation"]
+    model = request.match_info["model"].rpartition("/")[2]  # an inference-profile ARN names its case last
     parsed = msgspec.json.decode(body)
     if operation == "invoke-with-response-stream":
         if parsed.get("anthropic_version") != "bedrock-2023-05-31" or "model" in parsed or "stream" in parsed:

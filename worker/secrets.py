@@ -68,7 +68,7 @@ class Secrets:
 
 
 def check_secrets(upstreams: Upstreams, secrets: Secrets) -> None:
-    """At worker start: every endpoint of an upstreams file that sends a key can read it.
+    """At worker start: every endpoint of an upstreams file that names a secret can read it.
 
     Endpoints built from today's variables (no file) are not checked: they keep today's
     behaviour (a WARNING when no key is set at all).
@@ -81,8 +81,8 @@ def check_secrets(upstreams: Upstreams, secrets: Secrets) -> None:
     if not upstreams.source:
         return
     for endpoint in upstreams.endpoints.values():
-        if endpoint.auth not in KEY_AUTHS:
-            continue
+        if endpoint.auth not in KEY_AUTHS and not (endpoint.secret_env or endpoint.secret_file):
+            continue  # google, none, and aws without a Bedrock API key named
         where = f"bad upstreams file {upstreams.source}: [endpoints.{endpoint.name}]"
         try:
             value = secrets.secret(endpoint)

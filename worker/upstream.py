@@ -139,6 +139,9 @@ def request_for(job: Job, target: Target, credentials: Secrets,
                 authorizer: Authorizer | None = None) -> UpstreamRequest:
     """Return the streaming request of ``job`` for one target (:mod:`worker.platforms`, :mod:`worker.auth`).
 
+    ``authorizer``: the process's (its Google token and AWS signers are shared); else one over
+    ``credentials``. A route's fallback calls this once per endpoint it tries.
+
     A key auth's header is set here (omitted while the key is empty, as with no key today);
     ``google`` and ``aws`` endpoints get :attr:`UpstreamRequest.auth`, run per attempt.
 
@@ -150,13 +153,14 @@ def request_for(job: Job, target: Target, credentials: Secrets,
     plan = plan_request(endpoint, job.provider, target.model, job.request)
     headers = dict(plan.headers)
     hook: AuthHook | None = None
+    authorizer = authorizer or Authorizer(credentials)
     if endpoint.auth in KEY_HEADERS:
-        key = Authorizer(credentials).key(endpoint, required=False)
+        key = authorizer.key(endpoint, required=False)
         if key:
             header, prefix = KEY_HEADERS[endpoint.auth]
             headers[header] = prefix + key
     elif endpoint.auth in ("google", "aws"):
-        hook = partial((authorizer or Authorizer(credentials)).headers, endpoint, plan)
+        hook = partial(authorizer.headers, endpoint, plan)
     return UpstreamRequest(provider=job.provider, url=plan.url, body=plan.body, framing=plan.framing,
                            headers=headers, endpoint=endpoint.name, model=target.model, auth=hook)
 

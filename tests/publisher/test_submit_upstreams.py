@@ -61,7 +61,7 @@ async def test_a_provider_the_endpoint_does_not_speak_is_400_naming_both(ctx):
                                                "request": REQUEST})
     assert status == 400
     assert problem["errors"] == [{"field": "endpoint", "detail":
-                                  "provider 'gemini' is not spoken by endpoint 'claude' speaks anthropic"}]
+                                  "provider 'gemini' is not spoken by endpoint 'claude', which speaks anthropic"}]
     assert await ctx.redis.xlen(ctx.keys.jobs_shard(0)) == 0
 
 

@@ -77,9 +77,9 @@ def test_a_provider_the_endpoint_does_not_speak_names_both() -> None:
 
 
 def test_a_provider_the_route_does_not_speak_names_route_and_endpoint() -> None:
-    with pytest.raises(LookupError, match="route 'gpt-4o' goes to endpoint 'azure-east'"):
+    with pytest.raises(LookupError, match="route 'gpt-4o': it goes to endpoint 'azure-east'"):
         targets(parse_upstreams(EXAMPLE, "u.toml"), "anthropic", "gpt-4o")
-    with pytest.raises(LookupError, match="route 'gpt-4o' goes to endpoint 'openai', which speaks openai_chat"):
+    with pytest.raises(LookupError, match="route 'gpt-4o': it goes to endpoint 'openai', which speaks openai_chat"):
         targets(parse_upstreams(EXAMPLE, "u.toml"), "openai_responses", "gpt-4o")
 
 

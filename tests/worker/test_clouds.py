@@ -52,6 +52,7 @@ TRANSCRIPTS = DEFAULT_ROOTS[0]
 ANTHROPIC_REQUEST = {"max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
 CONVERSE_REQUEST = {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}
 GEMINI_REQUEST = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+PROFILE = "arn:aws:bedrock:us-east-1:123456789012:inference-profile"
 
 
 def upstreams_file(openai: str, vllm: str, cloud: str) -> str:
@@ -140,6 +141,9 @@ PLAN: list[tuple[str, str, str, dict[str, Any], Path]] = [
     *[("bedrock", "bedrock_converse", p.stem, CONVERSE_REQUEST, p) for p in cases("bedrock_converse", ".eventstream")],
     ("bedrock-key", "anthropic", "text_metrics_on_message_stop", ANTHROPIC_REQUEST,
      TRANSCRIPTS / "bedrock_invoke/text_metrics_on_message_stop.eventstream"),
+    # an inference-profile ARN: its '/' goes percent-encoded into the path the signature covers
+    ("bedrock", "anthropic", f"{PROFILE}/tool_use_metrics_on_message_delta", ANTHROPIC_REQUEST,
+     TRANSCRIPTS / "bedrock_invoke/tool_use_metrics_on_message_delta.eventstream"),
 ]
 """(endpoint, provider, case, request, transcript) of each job the one worker serves."""
 
@@ -215,6 +219,8 @@ async def test_one_worker_serves_every_cloud_from_one_upstreams_file(
     assert verdicts == {("openai", "api-key"), ("v1", "google"), ("model", "sigv4"), ("model", "api-key")}
     assert state.token_requests == 1  # one refresh, under the lock, for every concurrent Vertex job
     assert sorted(paths) == ["/v1/chat/completions"] * 2
+    signed = {r["path"] for r in state.requests if r["auth"] == "sigv4"}
+    assert f"/model/{PROFILE}%2Ftool_use_metrics_on_message_delta/invoke-with-response-stream" in signed
     await assert_no_secret(redis_client, keys, caplog.text, state)
 
 

@@ -60,3 +60,11 @@ async def test_aws_auth_sends_a_bedrock_api_key_from_the_environment_as_bearer()
                        auth="aws", region="us-east-1")
     authorizer = Authorizer(Secrets({"AWS_BEARER_TOKEN_BEDROCK": "ABSK-key"}))
     assert await authorizer.headers(bedrock, PLAN) == {"Authorization": "Bearer ABSK-key"}
+
+
+def test_the_start_check_covers_a_bedrock_api_key_an_aws_endpoint_names() -> None:
+    upstreams = parse_upstreams('[endpoints.b]\napi = "anthropic"\nplatform = "bedrock"\nauth = "aws"\n'
+                                'url = "https://bedrock-runtime.us-east-1.amazonaws.com"\nsecret_env = "BR_KEY"\n',
+                                "u.toml")
+    with pytest.raises(SettingsError, match=r"\[endpoints.b\] key 'secret_env': variable BR_KEY is empty or unset"):
+        check_secrets(upstreams, Secrets({}))
