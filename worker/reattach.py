@@ -42,6 +42,7 @@ Must not import :mod:`publisher` or :mod:`tools`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -50,12 +51,13 @@ from opentelemetry import trace
 from yarl import URL
 
 from schema.contract import Event, StreamError, encode_event
-from schema.errors import FanoutError, UpstreamProtocolError, UpstreamTransportError
+from schema.errors import FanoutError, UpstreamError, UpstreamProtocolError
 from worker.attempt import Attempt
 from worker.background import BackgroundState, cursor_pipeline, response_request, stored_state, writer_fields
+from worker.control import Deadline
 from worker.pipeline import Pipeline
 from worker.targets import endpoint_limits
-from worker.upstream_errors import http_error
+from worker.upstream_errors import MAX_ERROR_BODY_BYTES, http_error
 
 if TYPE_CHECKING:
     from worker.job_run import JobRun
@@ -136,27 +138,43 @@ class ReplayAttempt(Attempt):
     """An attempt that reads the stored response (``GET ...?stream=true``) instead of creating one."""
 
     async def _exchange(self, pipeline: Pipeline, span: trace.Span) -> None:
-        host, request = self.host, self.request
-        headers = request.headers | (await request.auth() if request.auth is not None else {})
-        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.limits.connect_timeout_s,
-                                        sock_read=None)
+        host, limits = self.host, self.limits
+        headers_by = Deadline(("idle", time.monotonic() + limits.connect_timeout_s + limits.idle_timeout_s),
+                              ("total", host.total_at))
         try:
-            response = await host.session.get(URL(request.url, encoded=True), headers=headers,
-                                              allow_redirects=False, timeout=timeout)
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ReplayLost(f"the provider could not be reached ({type(exc).__name__})") from exc
+            response = await host.stopper.race(self._open(), headers_by)
+        except UpstreamError as exc:  # a timeout, a credential that cannot be made
+            raise ReplayLost(f"the provider could not be reached ({exc.message})") from exc
         span.set_attribute("http.response.status_code", response.status)
-        if not 200 <= response.status < 300:
-            body = await response.read()
-            response.release()
-            error = http_error(request.provider, response.status, dict(response.headers), body)
-            why = "the provider's window for the response passed" if response.status in EXPIRED_STATUSES \
-                else "the provider refused the replay"
-            raise ReplayLost(f"{why} (HTTP {response.status}: {error.message})")
         try:
             await self._pump(pipeline, response)
         finally:
             response.close()
+
+    async def _open(self) -> aiohttp.ClientResponse:
+        """Send the ``GET`` and return its 2xx response, body unread.
+
+        Raises:
+            ReplayLost: No connection, or a non-2xx answer (400/404: the window passed).
+            worker.auth.CredentialError: The endpoint's token could not be made.
+        """
+        request = self.request
+        headers = request.headers | (await request.auth() if request.auth is not None else {})
+        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.limits.connect_timeout_s,
+                                        sock_read=None)
+        try:
+            response = await self.host.session.get(URL(request.url, encoded=True), headers=headers,
+                                                   allow_redirects=False, timeout=timeout)
+            if 200 <= response.status < 300:
+                return response
+            body = await response.content.read(MAX_ERROR_BODY_BYTES)
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ReplayLost(f"the provider could not be reached ({type(exc).__name__})") from exc
+        response.release()
+        error = http_error(request.provider, response.status, dict(response.headers), body)
+        why = "the provider's window for the response passed" if response.status in EXPIRED_STATUSES \
+            else "the provider refused the replay"
+        raise ReplayLost(f"{why} (HTTP {response.status}: {error.message})")
 
 
 async def _stored_events(run: JobRun, last_seq: int) -> dict[int, bytes]:
@@ -190,25 +208,10 @@ async def reattach(run: JobRun, last_seq: int) -> bool:
         return False
     assert run.writer is not None
     run.writer.background = (state.response_id, str(state.cursor), state.endpoint)
-    endpoint = ctx.upstreams.endpoints.get(state.endpoint)
     try:
-        if endpoint is None or not endpoint.background:
-            raise ReplayLost(f"endpoint {state.endpoint!r} no longer runs in background mode")
-        request = response_request(run.job, endpoint, state.response_id, ctx.credentials, ctx.authorizer,
-                                   suffix="?stream=true")
-        targets, _ = run._targets()
-        run._target = next((t for t in targets if t.name == state.endpoint), None)
-        if run._target is None:
-            raise ReplayLost(f"the job's route no longer names endpoint {state.endpoint!r}")
-        stored = await _stored_events(run, last_seq)
-        log.info("event=reattach_start stream_id=%s endpoint=%s stored_seq=%d cursor=%d", sid, state.endpoint,
-                 last_seq, state.cursor)
-        host = ReplayHost(run, state, stored)
-        await ReplayAttempt(host, request, 1, endpoint=state.endpoint,
-                            limits=endpoint_limits(endpoint, run.settings)).run()
-    except (ReplayLost, UpstreamTransportError, FanoutError) as exc:
-        reason = exc.message if isinstance(exc, FanoutError) else str(exc)
-        log.warning("event=reattach_lost stream_id=%s reason=\"%s\"", sid, reason)
+        await _replay(run, state, last_seq)
+    except ReplayLost as exc:
+        log.warning("event=reattach_lost stream_id=%s reason=\"%s\"", sid, exc)
         await run._write_error(FanoutError("the worker running this stream stopped mid-output and the provider's "
                                            "response could not be re-read", category="worker_lost", retryable=True))
     except ReplayDisagrees as exc:
@@ -217,3 +220,27 @@ async def reattach(run: JobRun, last_seq: int) -> bool:
     return True
 
 
+async def _replay(run: JobRun, state: BackgroundState, last_seq: int) -> None:
+    """Re-read the response on its endpoint and continue the stream (:class:`ReplayAttempt`).
+
+    Raises:
+        ReplayLost, ReplayDisagrees: As :class:`ReplayHost` and :class:`ReplayAttempt` say.
+    """
+    ctx = run.ctx
+    endpoint = ctx.upstreams.endpoints.get(state.endpoint)
+    if endpoint is None or not endpoint.background:
+        raise ReplayLost(f"endpoint {state.endpoint!r} no longer runs in background mode")
+    try:
+        request = response_request(run.job, endpoint, state.response_id, ctx.credentials, ctx.authorizer,
+                                   suffix="?stream=true")
+        targets, _ = run._targets()
+    except FanoutError as exc:  # invalid_request: the job can no longer go there
+        raise ReplayLost(exc.message) from exc
+    run._target = next((t for t in targets if t.name == state.endpoint), None)
+    if run._target is None:
+        raise ReplayLost(f"the job's route no longer names endpoint {state.endpoint!r}")
+    stored = await _stored_events(run, last_seq)
+    log.info("event=reattach_start stream_id=%s endpoint=%s stored_seq=%d cursor=%d", run.job.stream_id,
+             state.endpoint, last_seq, state.cursor)
+    await ReplayAttempt(ReplayHost(run, state, stored), request, 1, endpoint=state.endpoint,
+                        limits=endpoint_limits(endpoint, run.settings)).run()
