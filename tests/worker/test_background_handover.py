@@ -21,7 +21,7 @@ from fanout_client import FanoutClient
 from schema.contract import StreamError
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher, token_for
-from tests.worker.background import TEXT, TOOL, comparable, contiguous, golden, workers
+from tests.worker.background import TEXT, TOOL, background_toml, comparable, contiguous, golden, workers
 from tests.worker.support import (
     GUARD_S,
     fake_upstream,
@@ -97,9 +97,12 @@ async def test_sigkill_of_the_holder_loses_nothing(point: tuple[str, int], redis
 async def test_sigterm_hands_background_streams_over_without_waiting_for_the_drain(
         redis_url: str, keys: Keys, redis_client: aioredis.Redis, tmp_path: Path) -> None:
     async with fake_upstream(PACED) as (base, state), \
-            workers(base, redis_url, keys, tmp_path, 2, FANOUT_DRAIN_S="120") as procs:
+            workers(base, redis_url, keys, tmp_path, 2, FANOUT_DRAIN_S="120") as procs, \
+            running_publisher(redis_url, keys, make_settings()) as url, FanoutClient(url, api_key=API_KEY) as fanout:
         job = make_job("openai_responses", f"slow-{TEXT}", endpoint="bg")
         await submit(redis_client, keys, job)
+        await _at_seq(redis_client, keys, job.stream_id, 1)
+        reader = asyncio.create_task(_follow(fanout, job.stream_id))
         await _at_seq(redis_client, keys, job.stream_id, 4)
         holder = await procs.holder(redis_client)
         assert holder is not None
@@ -107,11 +110,14 @@ async def test_sigterm_hands_background_streams_over_without_waiting_for_the_dra
         # drain_s is 120 s: exiting within the guard proves the stream was given back, not drained
         assert await asyncio.wait_for(holder.wait(), GUARD_S) == 0
         stored_meta = await wait_done(redis_client, keys, job.stream_id)
+        seen = await reader
         logs = procs.logs()
+    events = await stored_events(redis_client, keys, job.stream_id)
+    assert [seen[seq] for seq in sorted(seen)] == [msgspec.to_builtins(e) for e in events]  # no gap, no change
     assert "event=background_handover" in logs
     assert "Traceback" not in logs
     assert "event=drain_expired" not in logs
-    assert comparable(await stored_events(redis_client, keys, job.stream_id)) == golden(TEXT)
+    assert comparable(events) == golden(TEXT)
     assert stored_meta["token"] == "2"
     assert len(state.background.kept) == 1
 
@@ -142,3 +148,25 @@ async def test_a_replay_that_cannot_continue_ends_the_stream(expected: tuple[str
     assert contiguous(await stored_ids(redis_client, keys, job.stream_id))
     assert log_event in logs
     assert "Traceback" not in logs
+
+
+async def test_an_endpoint_no_longer_in_background_mode_ends_the_stream_worker_lost(
+        redis_url: str, keys: Keys, redis_client: aioredis.Redis, tmp_path: Path) -> None:
+    async with fake_upstream(PACED) as (base, state), workers(base, redis_url, keys, tmp_path, 1) as procs:
+        job = make_job("openai_responses", f"slow-{TEXT}", endpoint="bg")
+        await submit(redis_client, keys, job)
+        await _at_seq(redis_client, keys, job.stream_id, 5)
+        holder = await procs.holder(redis_client)
+        assert holder is not None
+        holder.kill()
+        await holder.wait()
+        (tmp_path / "upstreams.toml").write_text(background_toml(base, background=False))
+        await procs.start(1)  # the successor reads the changed file
+        stored_meta = await wait_done(redis_client, keys, job.stream_id)
+        logs = procs.logs()
+    last = (await stored_events(redis_client, keys, job.stream_id))[-1]
+    assert isinstance(last, StreamError)
+    assert (last.status, last.error.category) == ("interrupted", "worker_lost")
+    assert stored_meta["token"] == "2"
+    assert "no longer runs in background mode" in logs
+    assert state.background.replays == []  # nothing asked of the provider
