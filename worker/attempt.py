@@ -9,6 +9,9 @@ deadlines (:mod:`worker.control`):
   SSE comments and ignored provider events do not count);
 * ``total``: the job's overall limit.
 
+The connect, idle and progress limits are the worker's settings, or the endpoint's own
+from the upstreams file (:class:`AttemptLimits`).
+
 Every failure becomes the pipeline's terminal event (``interrupted``/``timeout``,
 ``interrupted``/``transport``, or the HTTP error's category), handed to
 :meth:`AttemptHost.deliver`, which stores it or raises :class:`RetryAttempt` when the
@@ -150,11 +153,11 @@ class Attempt:
                 response.close()  # abort: drop the connection so the provider stops generating
 
     async def _pump(self, pipeline: Pipeline, response: aiohttp.ClientResponse) -> None:
-        host, settings = self.host, self.limits
-        progress_at = time.monotonic() + settings.progress_timeout_s
+        host, limits = self.host, self.limits
+        progress_at = time.monotonic() + limits.progress_timeout_s
         while True:
             now = time.monotonic()
-            deadline = Deadline(("idle", now + settings.idle_timeout_s), ("progress", progress_at),
+            deadline = Deadline(("idle", now + limits.idle_timeout_s), ("progress", progress_at),
                                 ("total", host.total_at))
             try:
                 chunk = await host.stopper.race(read_chunk(response), deadline)
@@ -164,7 +167,7 @@ class Attempt:
             events = pipeline.feed(chunk) if chunk else pipeline.finish()
             await host.deliver(pipeline, events)
             if events:  # counted after the store, so time waiting out a Redis fault is not the provider's
-                progress_at = time.monotonic() + settings.progress_timeout_s
+                progress_at = time.monotonic() + limits.progress_timeout_s
             if pipeline.terminal is not None or not chunk:
                 return
 
