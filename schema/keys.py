@@ -123,6 +123,9 @@ META_FIELDS: Final = {
              "name it (a Redis restored from an older snapshot no longer holds it: their writer is fenced out)",
     "error_category": "set only when storage refused the terminal event: the terminal's error category",
     "error_message": "set only when storage refused the terminal event: the terminal's error message",
+    "bg_id": "background mode only: the provider's response id, set by the append script with the batch",
+    "bg_cursor": "background mode only: the last provider sequence_number normalized into stored events",
+    "bg_endpoint": "background mode only: the upstreams-file endpoint that holds the response",
 }
 """Fields of the ``meta`` hash and what they hold."""
 

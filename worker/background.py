@@ -52,8 +52,8 @@ CANCEL_TIMEOUT_S: Final = 5.0
 """Longest wait for the provider's answer to a cancel, seconds."""
 HANDOVER_POLL_S: Final = 0.05
 """How often a draining worker looks for background streams to give back, seconds."""
-META_FIELDS: Final = (b"bg_id", b"bg_cursor", b"bg_endpoint")
-"""Meta fields of a background stream (written by the append script)."""
+BACKGROUND_FIELDS: Final = (b"bg_id", b"bg_cursor", b"bg_endpoint")
+"""Meta fields of a background stream (written by the append script; :data:`schema.keys.META_FIELDS`)."""
 
 
 class BackgroundState(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +106,7 @@ async def stored_state(redis: RedisClient, keys: Keys, stream_id: str) -> Backgr
     Raises:
         redis.exceptions.RedisError: Redis failed.
     """
-    raw = await redis.hmget(keys.meta(stream_id), list(META_FIELDS))
+    raw = await redis.hmget(keys.meta(stream_id), list(BACKGROUND_FIELDS))
     values = [v.decode() if isinstance(v, bytes) else v for v in raw]
     if not values[0] or not values[2]:
         return None
