@@ -53,6 +53,7 @@ local head = new_last .. ' ' .. first
 if epoch ~= '' then head = head .. ' ' .. epoch end
 local note = new_last
 if epoch ~= '' then note = head end
+if n == 0 then return {'ok', tostring(new_last)} end
 local live_max = tonumber(ARGV[7])
 if live_max > 0 and size <= live_max then
   note = head .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n)
@@ -72,7 +73,9 @@ answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLI
 :func:`infra.live_pubsub.live_mode`), then the writer's epoch ('' for a stream started
 before contract 1.1), then optionally (a background attempt, :mod:`worker.background`) the
 provider's response id, the last provider ``sequence_number`` normalized and the endpoint's
-name, stored in meta ``bg_id``, ``bg_cursor`` and ``bg_endpoint`` with the batch.
+name, stored in meta ``bg_id``, ``bg_cursor`` and ``bg_endpoint`` with the batch. A batch of
+no event (``n`` = 0, first seq = ``last_seq + 1``) stores only those fields, fenced and checked
+like any batch, and publishes nothing.
 
 Answers ``{code, detail}``: ``ok``/``landed`` with the new last seq; ``fenced`` (another
 token), ``closed`` (already ended), ``reset`` (meta holds another epoch, or none: the

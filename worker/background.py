@@ -10,7 +10,8 @@ UPSTREAMS.md E.1. This module holds what a job needs around such an attempt:
   ``sequence_number`` it normalized (:func:`cursor_pipeline` puts it in a pipeline);
 * :func:`writer_fields`: the ``(bg_id, bg_cursor, bg_endpoint)`` the job's
   :class:`~worker.stream_writer.StreamWriter` stores in meta with every batch, in the same
-  append script call (:mod:`worker.append_script`), so a successor knows the response;
+  append script call (:mod:`worker.append_script`), and as soon as the response id is known
+  (a batch of no event), so a successor knows the response even before the first content;
 * :func:`stored_state`: those meta fields, read by the worker that reclaims the stream
   (:mod:`worker.reattach` re-attaches);
 * :func:`cancel_response`: the provider's cancel, since closing the socket of a background
@@ -154,13 +155,12 @@ async def cancel_response(session: aiohttp.ClientSession, request: UpstreamReque
 
 
 def handed_over(writer: StreamWriter | None) -> bool:
-    """Whether a draining worker gives this job back at once: a background response stored with content.
+    """Whether a draining worker gives this job back at once: meta holds its background response's id.
 
-    Only then does a successor re-attach (:mod:`worker.reattach`); a stream with nothing but
-    ``stream.start`` stored would be started again from scratch, so it drains as others do.
+    Only then does a successor re-attach (:mod:`worker.reattach`); a stream whose response id
+    is not stored yet would be started again from scratch, so it drains as others do.
     """
-    return writer is not None and writer.background is not None and writer.last_seq >= 2 \
-        and writer.terminal is None
+    return writer is not None and writer.background_stored is not None and writer.terminal is None
 
 
 async def cancel_background(run: JobRun) -> int | None:

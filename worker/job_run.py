@@ -7,8 +7,8 @@ found                       does
 ==========================  ===============================================================
 stream done / tombstone     XACK, nothing else
 cancel flag set             ``stream.error`` ``cancelled`` (after ``stream.start`` if none), XACK
-``last_seq >= 2``           a previous owner died mid-output: a background response is
-                            re-attached (:mod:`worker.reattach`); else ``stream.error``
+meta ``bg_id``              a background response: re-attached (:mod:`worker.reattach`)
+``last_seq >= 2``           a previous owner died mid-output: ``stream.error``
                             ``worker_lost`` (``interrupted``, retryable), then XACK
 invalid job                 ``stream.error`` ``invalid_request`` (after ``stream.start`` if none), XACK
 ``last_seq`` 0 or 1         run the upstream attempts (a stored ``stream.start`` is not repeated)
@@ -190,7 +190,7 @@ class JobRun(RouteRun):
             raise StorageRefusedError("claimed too often", reason=(
                 f"the stream was claimed {self.token} times without finishing (limit FANOUT_MAX_CLAIMS="
                 f"{self.settings.max_claims})"))
-        if claim.last_seq >= 2 and await reattach(self, claim.last_seq):
+        if claim.last_seq >= 1 and await reattach(self, claim.last_seq):
             return
         if claim.last_seq >= 2:
             message = "the worker running this stream stopped mid-output"
@@ -248,5 +248,5 @@ class JobRun(RouteRun):
         if (isinstance(last, StreamError) and last.error.retryable and self.writer.last_seq <= 1
                 and pipeline.adapter.norm.deltas_emitted == 0):
             raise RetryAttempt(events, last.error, retry_after_s)
-        await self._append(events)
+        await (self._append(events) if events else self.writer.note_background())
 

@@ -1,9 +1,10 @@
 """Re-attach a reclaimed background stream to its provider response: replay, check, continue.
 
 A worker that claims a stream with events past ``stream.start`` (its previous owner died,
-drained or lost its lease) used to end it ``worker_lost``. When meta holds a background
-response (:func:`worker.background.stored_state`) on an endpoint that still runs in
-background mode, :func:`reattach` instead:
+drained or lost its lease) used to end it ``worker_lost``, and one with only ``stream.start``
+stored called the model again. When meta holds a background response
+(:func:`worker.background.stored_state`; stored as soon as its id is known, even before
+any content) on an endpoint that still runs in background mode, :func:`reattach` instead:
 
 1. opens ``GET {url}/responses/{bg_id}?stream=true`` on the stored endpoint: the provider
    replays the response from its first event (``sequence_number`` 0, ``response.created``)
@@ -32,6 +33,9 @@ a regenerated event differs from the         ``failed``/``protocol``
 stored one at its seq
 ===========================================  ==========================================
 
+With only ``stream.start`` stored, a replay that cannot be read, or that ends in a retryable
+error before any content, leaves the job to a fresh attempt, as any failure before content.
+
 ``starting_after`` is not used: it would need the adapter's state persisted, and a full
 replay costs only the already-generated events once more (the design's "full replay +
 dedupe by fanout seq").
@@ -52,8 +56,8 @@ from yarl import URL
 
 from schema.contract import Event, StreamError, encode_event
 from schema.errors import FanoutError, UpstreamError, UpstreamProtocolError
-from worker.attempt import Attempt
-from worker.background import BackgroundState, cursor_pipeline, response_request, stored_state, writer_fields
+from worker.attempt import Attempt, RetryAttempt
+from worker.background import BackgroundState, cursor_pipeline, response_request, stored_state
 from worker.control import Deadline
 from worker.pipeline import Pipeline
 from worker.targets import endpoint_limits
@@ -127,11 +131,8 @@ class ReplayHost:
                     raise ReplayLost(f"the replay broke before the stored seq {self.stored_seq}: "
                                      f"{event.error.message}")
                 raise ReplayDisagrees(f"the provider's replay differs from the stored stream at seq {event.seq}")
-        writer = self.run.writer
-        assert writer is not None
-        writer.background = writer_fields(pipeline, self.state.endpoint) or writer.background
-        if fresh:
-            await self.run._append(fresh)
+        if fresh:  # stored as any attempt's events (a retryable error before content raises RetryAttempt)
+            await self.run.deliver(pipeline, fresh)
 
 
 class ReplayAttempt(Attempt):
@@ -208,9 +209,16 @@ async def reattach(run: JobRun, last_seq: int) -> bool:
         return False
     assert run.writer is not None
     run.writer.background = (state.response_id, str(state.cursor), state.endpoint)
+    run.writer.background_stored = state.response_id
     try:
         await _replay(run, state, last_seq)
+    except RetryAttempt:  # the response failed retryably before any content: a fresh attempt may follow
+        log.info("event=reattach_retry stream_id=%s", sid)
+        return False
     except ReplayLost as exc:
+        if last_seq <= 1:  # nothing but stream.start stored: a fresh attempt may follow
+            log.info("event=reattach_fresh stream_id=%s reason=\"%s\"", sid, exc)
+            return False
         log.warning("event=reattach_lost stream_id=%s reason=\"%s\"", sid, exc)
         await run._write_error(FanoutError("the worker running this stream stopped mid-output and the provider's "
                                            "response could not be re-read", category="worker_lost", retryable=True))

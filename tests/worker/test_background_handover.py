@@ -58,8 +58,10 @@ async def _follow(client: FanoutClient, stream_id: str) -> dict[int, dict[str, A
 
 
 async def _at_seq(redis: aioredis.Redis, keys: Keys, stream_id: str, seq: int) -> None:
+    """Wait until ``seq`` is stored and meta names the background response."""
     async def reached() -> bool:
-        return int((await meta(redis, keys, stream_id)).get("last_seq", 0)) >= seq
+        found = await meta(redis, keys, stream_id)
+        return int(found.get("last_seq", 0)) >= seq and "bg_id" in found
 
     await wait_for(reached, guard_s=GUARD_S * 2)
 
@@ -78,6 +80,8 @@ async def test_sigkill_of_the_holder_loses_nothing(point: tuple[str, int], redis
         holder = await procs.holder(redis_client)
         assert holder is not None
         holder.kill()
+        await holder.wait()
+        at_kill = await meta(redis_client, keys, job.stream_id)
         stored_meta = await wait_done(redis_client, keys, job.stream_id)
         seen = await reader
         logs = procs.logs()
@@ -88,14 +92,17 @@ async def test_sigkill_of_the_holder_loses_nothing(point: tuple[str, int], redis
     assert "Traceback" not in logs
     assert sorted(seen) == [e.seq for e in events]  # the reader: every seq, no gap
     assert [seen[e.seq] for e in events] == [msgspec.to_builtins(e) for e in events]
-    if kill_at >= 2:  # content was stored: re-attached to the same response, no second model call
-        assert "event=reattach_start" in logs
-        assert len(state.background.kept) == 1
-        assert [after for _id, after in state.background.replays] == [None]  # a full replay from the start
+    assert int(at_kill["last_seq"]) < len(events)  # killed before the end, at the point named
+    if kill_at == 1:  # only stream.start stored: the response id was stored without an event
+        assert at_kill["last_seq"] == "1"
+    assert "event=reattach_start" in logs  # re-attached to the same response: no second model call
+    assert len(state.background.kept) == 1
+    assert [after for _id, after in state.background.replays] == [None]  # a full replay from the start
 
 
+@pytest.mark.parametrize("term_at", [1, 4], ids=["before_first_delta", "mid_text"])
 async def test_sigterm_hands_background_streams_over_without_waiting_for_the_drain(
-        redis_url: str, keys: Keys, redis_client: aioredis.Redis, tmp_path: Path) -> None:
+        term_at: int, redis_url: str, keys: Keys, redis_client: aioredis.Redis, tmp_path: Path) -> None:
     async with fake_upstream(PACED) as (base, state), \
             workers(base, redis_url, keys, tmp_path, 2, FANOUT_DRAIN_S="120") as procs, \
             running_publisher(redis_url, keys, make_settings()) as url, FanoutClient(url, api_key=API_KEY) as fanout:
@@ -103,9 +110,10 @@ async def test_sigterm_hands_background_streams_over_without_waiting_for_the_dra
         await submit(redis_client, keys, job)
         await _at_seq(redis_client, keys, job.stream_id, 1)
         reader = asyncio.create_task(_follow(fanout, job.stream_id))
-        await _at_seq(redis_client, keys, job.stream_id, 4)
+        await _at_seq(redis_client, keys, job.stream_id, term_at)
         holder = await procs.holder(redis_client)
         assert holder is not None
+        at_term = await meta(redis_client, keys, job.stream_id)
         holder.send_signal(signal.SIGTERM)
         # drain_s is 120 s: exiting within the guard proves the stream was given back, not drained
         assert await asyncio.wait_for(holder.wait(), GUARD_S) == 0
@@ -116,6 +124,7 @@ async def test_sigterm_hands_background_streams_over_without_waiting_for_the_dra
     assert [seen[seq] for seq in sorted(seen)] == [msgspec.to_builtins(e) for e in events]  # no gap, no change
     assert "event=background_handover" in logs
     assert "Traceback" not in logs
+    assert (at_term["last_seq"] == "1") is (term_at == 1)  # before the first delta: the id alone was stored
     assert "event=drain_expired" not in logs
     assert comparable(events) == golden(TEXT)
     assert stored_meta["token"] == "2"
