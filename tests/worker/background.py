@@ -45,7 +45,6 @@ def comparable(events: list[Event]) -> list[dict[str, Any]]:
     for item in out:
         item.pop("response_id", None)
         item.pop("endpoint", None)
-        item.pop("model", None) if item["type"] == "stream.done" else None
     return out
 
 
