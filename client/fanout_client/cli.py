@@ -95,7 +95,7 @@ def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     env = os.environ if environ is None else environ
     url, source = (args.url, "--url") if args.url else (env.get("FANOUT_URL"), "FANOUT_URL")
     if not url:
-        url, source = DEFAULT_URL, "the default, as neither --url nor FANOUT_URL is set"
+        url, source = DEFAULT_URL, "the default URL (set FANOUT_URL or --url to change it)"
     problem = base_url_problem(url)
     if problem is not None:
         raise CommandError(f"{source}: {problem}")
