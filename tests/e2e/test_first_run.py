@@ -5,12 +5,11 @@ as shell scripts, word for word but for the placeholders (`<port>`, `<printed ke
 `<last id you saw>`), with the real ``curl`` against a real stack (publisher, worker,
 ``fanout upstream``, Redis). The Python examples of ``client/README.md`` and
 ``docs/client.md`` are run as written against the same stack, with its URL, key and a
-recorded case as the model. The messages a first run meets say what is accepted.
+recorded case as the model. ``fanout replay`` names every provider it accepts.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -21,9 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from fanout_client.cli import target_of
-from fanout_client.errors import PublisherUnreachableError
-from fanout_client.refusals import refusal
 from tools.demo.stack import LocalStack
 from tools.replay_cli import KINDS
 
@@ -170,11 +166,3 @@ def test_replay_help_and_its_missing_provider_message_name_every_accepted_value(
         assert kind in help_text, kind
         assert kind in done.stderr, kind
 
-
-def test_an_unreachable_default_url_is_named_as_the_default_without_a_url_variable_set() -> None:
-    args = argparse.Namespace(url=None, api_key=None, command="tail")
-    target = target_of(args, environ={})
-    error = refusal(PublisherUnreachableError("cannot connect to the publisher at http://127.0.0.1:8080"),
-                    target, "none", "st_x")
-    assert error.message.endswith("The URL comes from the default, as neither --url nor FANOUT_URL is set")
-    assert "default URL" not in error.message
