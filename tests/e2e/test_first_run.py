@@ -5,7 +5,8 @@ as shell scripts, word for word but for the placeholders (`<port>`, `<printed ke
 `<last id you saw>`), with the real ``curl`` against a real stack (publisher, worker,
 ``fanout upstream``, Redis). The Python examples of ``client/README.md`` and
 ``docs/client.md`` are run as written against the same stack, with its URL, key and a
-recorded case as the model. ``fanout replay`` names every provider it accepts.
+recorded case as the model. ``fanout replay`` names every provider it accepts; ``fanout
+export`` without pyarrow names the install command of a checkout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,3 +168,17 @@ def test_replay_help_and_its_missing_provider_message_name_every_accepted_value(
         assert kind in help_text, kind
         assert kind in done.stderr, kind
 
+
+
+def test_parquet_without_pyarrow_names_the_checkout_install_of_the_parquet_extra(tmp_path: Path) -> None:
+    """It said ``pip install 'fanout[parquet]'``, which asks an index for a package named fanout."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(dep.startswith("pyarrow") for dep in extras["parquet"])
+    hide_pyarrow = ("import runpy, sys; sys.modules['pyarrow'] = None; sys.argv = ['fanout', *sys.argv[1:]]; "
+                    "runpy.run_module('fanout_cli', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", hide_pyarrow, "export", "--format", "parquet", "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "pip install -e '.[parquet]' in the fanout checkout" in done.stderr, done.stderr
+    assert "fanout[parquet]" not in (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
