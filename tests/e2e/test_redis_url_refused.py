@@ -2,8 +2,9 @@
 
 ``fanout worker`` and ``fanout demo`` once said "cannot reach Redis ... start Redis" (exit 4)
 for a wrong password or a database number the server does not have: Redis was up, and
-the advice sent the user the wrong way. Each case runs the real command against a
-private ``redis-server`` started with ``requirepass``.
+the advice sent the user the wrong way; ``fanout export`` said "run again", which cannot
+help. Each case runs the real command against a private ``redis-server`` started with
+``requirepass``.
 """
 
 from __future__ import annotations
@@ -62,3 +63,15 @@ def test_the_demo_names_a_database_the_server_does_not_have(guarded: RedisServer
     assert "check the user, password and database number in REDIS_URL" in line, line
     assert PASSWORD not in done.stderr + done.stdout
 
+
+
+def test_export_with_a_refused_password_says_to_fix_the_url_not_to_run_again(guarded: RedisServer) -> None:
+    done = fanout("export", redis_url=f"redis://:wrong-password@127.0.0.1:{guarded.port}/0")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, (done.returncode, done.stderr)  # export: 1 when Redis failed (its --help)
+    line = done.stderr.strip().splitlines()[-1]
+    assert "answered but refused it (invalid username-password pair" in line, line
+    assert "check the user, password and database number in REDIS_URL or --redis-url" in line, line
+    assert line.endswith("nothing acknowledged is lost"), line
+    assert "run again" not in line, line
+    assert "wrong-password" not in done.stderr + done.stdout
