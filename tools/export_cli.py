@@ -27,9 +27,8 @@ import time
 from typing import Final
 
 from infra.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, connect
-from infra.redis_faults import refuses_the_url
 from schema import logs
-from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url, redis_refused
+from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from schema.settings import SettingsError, redis_cluster_from_env
 from tools.export import Exporter
@@ -176,6 +175,9 @@ def _redis_failure(url: str, exc: Exception, *, cluster: bool) -> str:
     """Word a Redis failure of the export (nothing acknowledged is lost either way)."""
     if mismatch := cluster_mode_mismatch(exc, cluster):
         return f"cannot use Redis at {redact_url(url)}: {mismatch}; nothing acknowledged is lost"
+    from infra.redis_faults import refuses_the_url  # noqa: PLC0415 - only when wording a failure
+    from schema.cli import redis_refused  # noqa: PLC0415
+
     if refuses_the_url(exc):  # a wrong password or database: running again cannot help
         return f"{redis_refused(url, exc, source='REDIS_URL or --redis-url').message}; nothing acknowledged is lost"
     reason = str(exc).rstrip(". ")
