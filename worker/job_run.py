@@ -100,7 +100,9 @@ class JobRun(RouteRun):
             claim = await self._duplicate(claim.duplicate_of)
         if not isinstance(claim, Claim):
             return claim
-        if claim.done:
+        if claim.done:  # its writer may have died before scheduling the compaction: schedule it (NX) again
+            if self.ctx.appender.compactor is not None:
+                await self.ctx.appender.compactor.schedule(job.stream_id)
             await self._ack()
             self.telemetry.job_ended("skipped")
             return "skipped"
