@@ -6,7 +6,8 @@ as shell scripts, word for word but for the placeholders (`<port>`, `<printed ke
 ``fanout upstream``, Redis). The Python examples of ``client/README.md`` and
 ``docs/client.md`` are run as written against the same stack, with its URL, key and a
 recorded case as the model. ``fanout replay`` names every provider it accepts; ``fanout
-export`` without pyarrow names the install command of a checkout.
+export`` without pyarrow names the install command of a checkout; ``health`` names the
+Redis it checks.
 """
 
 from __future__ import annotations
@@ -182,3 +183,10 @@ def test_parquet_without_pyarrow_names_the_checkout_install_of_the_parquet_extra
     assert "Traceback" not in done.stderr
     assert "pip install -e '.[parquet]' in the fanout checkout" in done.stderr, done.stderr
     assert "fanout[parquet]" not in (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+
+
+def test_health_help_says_where_the_redis_it_checks_comes_from() -> None:
+    """``fanout health --url`` is an HTTP URL; the Redis checked is ``REDIS_URL``, which its help did not say."""
+    for args in (("health", "--help"), ("--help",)):
+        text = " ".join(fanout(*args).stdout.split())
+        assert "Redis at REDIS_URL" in text, args
