@@ -1,25 +1,27 @@
 """A bounded per-process cache of the entries (ready SSE frames) that stored items render to.
 
 Every history read still runs its ``XRANGE`` (Redis stays the truth); what the cache saves
-is the rendering: parsing a stored item (either form, :mod:`publisher.history.pages`) and
-making its ``id:``/``event:``/``data:`` message, and expanding a compacted run. An item is
-kept under its stream and seq, with the generation (meta ``epoch``) it was read in and
-its stored field name and value; it is served again only when all of them are the same,
-so a cached entry is byte for byte what rendering the item again would give. A page read
-in another epoch than the one the cache holds for that stream drops the stream's items
-(a history reset or a stream written again after its tombstone); caching a compacted run
-drops the items it replaced. The least recently used items go first once the estimated
-size passes ``FANOUT_FRAME_CACHE_BYTES``; 0 caches nothing. Pure: no I/O.
+is the rendering: parsing each stored item (either form, :mod:`publisher.history.pages`),
+making its ``id:``/``event:``/``data:`` message, expanding a compacted run. Items are kept
+in segments: runs of consecutive stored items of one stream (at most
+:data:`SEGMENT_ITEMS`) with their entry ids, their stored fields and the entries they
+rendered to, in the generation (meta ``epoch``) they were read in. A reply whose items
+are a segment's, ids and fields equal, is served the segment's entries (a slice: one
+comparison of the lists, no per-item work), so a cached entry is byte for byte what
+rendering the item again would give; only the items no segment holds are rendered.
 
-May import :mod:`publisher.history.entries`, :mod:`publisher.history.pages` and :mod:`schema`.
+A page read in another epoch than the one kept for its stream drops the stream's
+segments (a history reset, a stream written again after its tombstone); an item that
+differs from the one kept at its seq (a compaction replaced it) drops them too; so does
+:meth:`FrameCache.forget` (an expired stream). Segments read least recently go first once
+the estimated size passes ``FANOUT_FRAME_CACHE_BYTES``; 0 keeps nothing. Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
 from typing import Any, Final
-
-import msgspec
 
 from publisher.history.entries import Entry, Page, ours_seq
 from publisher.history.pages import page_of
@@ -27,34 +29,95 @@ from publisher.history.pages import page_of
 ENTRY_OVERHEAD: Final = 200
 """Estimated bytes of one cached :class:`Entry` besides its frame (the object, its fields)."""
 ITEM_OVERHEAD: Final = 150
-"""Estimated bytes of one cached item besides its value and entries (key, record, LRU slot)."""
+"""Estimated bytes of one cached stored item besides its values (its id, list slots)."""
+SEGMENT_ITEMS: Final = 1024
+"""Most stored items in one segment: what least-recently-used eviction drops at once."""
 
 Item = tuple[bytes, Any]
-"""One XRANGE/XREAD reply item: ``(entry id, fields)``."""
+"""One XRANGE/XREAD reply item: ``(entry id, fields)``, fields a flat list or a map."""
 
 
-class _Cached(msgspec.Struct, gc=False):
-    epoch: bytes
-    name: bytes
-    value: bytes
-    entries: list[Entry]
-    size: int
+class _Segment:
+    """Consecutive stored items of one stream: ids, fields, item seqs, and the entries they render to."""
+
+    __slots__ = ("ends", "entries", "fields", "ids", "seqs", "size")
+
+    def __init__(self) -> None:
+        self.ids: list[bytes] = []
+        self.fields: list[Any] = []
+        self.seqs: list[int] = []
+        self.ends: list[int] = []
+        """Item ``k``'s entries are ``entries[ends[k - 1]:ends[k]]`` (from 0 for the first)."""
+        self.entries: list[Entry] = []
+        self.size = 0
 
 
-def item_size(value: bytes, entries: list[Entry]) -> int:
-    """Return the estimated bytes one cached item holds: its stored value, its frames and overheads."""
-    return ITEM_OVERHEAD + len(value) + sum(ENTRY_OVERHEAD + len(entry.frame) for entry in entries)
+class _Held:
+    """One stream's segments, by the seq of their first item, and the epoch they were read in."""
+
+    __slots__ = ("epoch", "firsts", "segments")
+
+    def __init__(self, epoch: bytes) -> None:
+        self.epoch = epoch
+        self.firsts: list[int] = []
+        self.segments: dict[int, _Segment] = {}
+
+    def find(self, seq: int) -> tuple[_Segment | None, int]:
+        """Return the segment whose items span ``seq`` and the index of its first item at or above ``seq``."""
+        at = bisect_right(self.firsts, seq) - 1
+        if at < 0:
+            return None, 0
+        segment = self.segments[self.firsts[at]]
+        if seq > segment.seqs[-1]:
+            return None, 0
+        return segment, bisect_left(segment.seqs, seq)
+
+    def next_first(self, seq: int) -> int | None:
+        """Return the first seq of the segment after ``seq``, or ``None``."""
+        at = bisect_right(self.firsts, seq)
+        return self.firsts[at] if at < len(self.firsts) else None
 
 
-def _source(fields: dict[bytes, bytes] | list[bytes]) -> tuple[bytes, bytes] | None:
-    """Return the one ``(field name, value)`` of a stored item, or ``None`` for any other shape (not cached)."""
-    if isinstance(fields, dict):
-        return next(iter(fields.items())) if len(fields) == 1 else None
-    return (fields[0], fields[1]) if len(fields) == 2 else None
+def item_size(fields: dict[bytes, bytes] | list[bytes], entries: list[Entry]) -> int:
+    """Return the estimated bytes one kept item holds: its stored fields, its frames and the overheads."""
+    values = [*fields.keys(), *fields.values()] if isinstance(fields, dict) else fields
+    return ITEM_OVERHEAD + sum(map(len, values)) + sum(ENTRY_OVERHEAD + len(entry.frame) for entry in entries)
+
+
+def _after_count(entries: list[Entry], after: int) -> int:
+    """Return how many of ``entries`` (seq order) are after seq ``after``."""
+    if not entries or entries[0].seq > after:
+        return len(entries)
+    return sum(1 for entry in entries if entry.seq > after)
+
+
+def _layout(chunk: list[Item], entries: list[Entry]) -> tuple[list[int], list[int]] | None:
+    """Return each item's seq and entries end for rendered ``chunk``; ``None`` when which entries are whose is unclear.
+
+    One entry per item in the usual chunk (consecutive ``0-<seq>`` ids, one entry each);
+    a compacted run's item holds the entries after the previous item's seq up to its own.
+    """
+    first, last, count = ours_seq(chunk[0][0]), ours_seq(chunk[-1][0]), len(chunk)
+    if first is None or last is None:
+        return None
+    if last - first + 1 == count == len(entries) and entries[0].seq == first and entries[-1].seq == last:
+        return list(range(first, last + 1)), list(range(1, count + 1))
+    seqs, ends, at = list[int](), list[int](), 0
+    for entry_id, _ in chunk:
+        seq, start = ours_seq(entry_id), at
+        if seq is None:
+            return None
+        while at < len(entries) and entries[at].seq <= seq:
+            at += 1
+        if at == start or entries[at - 1].seq != seq or (seqs and entries[start].seq <= seqs[-1]):
+            return None
+        seqs.append(seq)
+        ends.append(at)
+    return (seqs, ends) if at == len(entries) else None
 
 
 class FrameCache:
-    """Rendered entries of stored items, per stream and seq, least recently used out.
+    """Rendered entries of stored items, in segments per stream, least recently read out.
 
     Args:
         limit_bytes: Most estimated bytes kept (:func:`item_size` summed,
@@ -72,16 +135,16 @@ class FrameCache:
         self.rendered = 0
         self.served = 0
         self.bytes = 0
-        self._items: OrderedDict[tuple[str, int], _Cached] = OrderedDict()
-        self._streams: dict[str, tuple[bytes, set[int]]] = {}
+        self._lru: OrderedDict[tuple[str, int], _Segment] = OrderedDict()
+        self._streams: dict[str, _Held] = {}
 
     def __len__(self) -> int:
         """Return how many stored items are kept."""
-        return len(self._items)
+        return sum(len(segment.seqs) for segment in self._lru.values())
 
     def page(self, stream_id: str, raw: list[Item], epoch: bytes = b"", *, after: int = 0,
              limit: int | None = None) -> Page:
-        """Return :func:`publisher.history.pages.page_of` of ``raw``, rendering only the items not cached.
+        """Return :func:`publisher.history.pages.page_of` of ``raw``, rendering only the items not kept.
 
         Args:
             stream_id: The stream the reply is of.
@@ -91,94 +154,144 @@ class FrameCache:
             limit: Stop taking items once the page holds this many entries after ``after``.
 
         Returns:
-            The entries in seq order: the same entries :func:`page_of` gives for ``raw``
-            (up to where ``limit`` stops it; a caller cuts the page to its count).
+            The entries in seq order: those :func:`page_of` gives for ``raw``, up to where
+            ``limit`` stops (maybe further: a caller cuts the page to its count).
         """
         if self.limit_bytes <= 0 or not raw:
             page = page_of(stream_id, raw, epoch, after=after, limit=limit)
             self.rendered += len(page)
             return page
-        self._hold_epoch(stream_id, epoch)
-        page, pending, kept = Page(epoch=epoch), list[Item](), 0
-        for item in raw:
-            if limit is not None and kept + len(pending) >= limit:
-                kept += self._render(stream_id, pending, page, after)
-                pending = []
-                if kept >= limit:
-                    break
-            cached = self._get(stream_id, epoch, item)
-            if cached is None:
-                pending.append(item)
+        held = self._hold(stream_id, epoch)
+        page, kept, at, tail = Page(epoch=epoch), 0, 0, None
+        while at < len(raw) and (limit is None or kept < limit):
+            seq = ours_seq(raw[at][0])
+            segment, index = held.find(seq) if seq is not None else (None, 0)
+            if segment is not None:
+                possible = min(len(raw) - at, len(segment.seqs) - index)
+                taken, served = self._serve(stream_id, segment, index, raw, at) if segment.seqs[index] == seq \
+                    else (0, [])
+                page.extend(served)
+                kept += _after_count(served, after)
+                at += taken
+                if taken < possible:  # the stored stream is not what was kept from there on (compacted)
+                    self._cut(stream_id, held, segment, index + taken)
+                tail = segment if taken and index + taken == len(segment.seqs) else None
                 continue
-            kept += self._render(stream_id, pending, page, after)
-            pending = []
-            page.extend(cached)
-            self.served += len(cached)
-            kept += sum(1 for entry in cached if entry.seq > after)
-        self._render(stream_id, pending, page, after)
+            end = self._miss_end(held, raw, at, seq, None if limit is None else limit - kept)
+            rendered = page_of(stream_id, raw[at:end], epoch)
+            self.rendered += len(rendered)
+            page.extend(rendered)
+            kept += _after_count(rendered, after)
+            tail = self._keep(stream_id, held, raw[at:end], rendered, tail) if seq is not None else None
+            at = end
         return page
 
     def forget(self, stream_id: str) -> None:
-        """Drop every item kept of ``stream_id``."""
-        _, seqs = self._streams.pop(stream_id, (b"", set[int]()))
-        for seq in seqs:
-            self.bytes -= self._items.pop((stream_id, seq)).size
+        """Drop every segment kept of ``stream_id``."""
+        held = self._streams.pop(stream_id, None)
+        for first, segment in held.segments.items() if held else ():
+            del self._lru[(stream_id, first)]
+            self.bytes -= segment.size
 
-    def _hold_epoch(self, stream_id: str, epoch: bytes) -> None:
-        """Drop the stream's items when they were read in another generation than ``epoch``."""
+    def _hold(self, stream_id: str, epoch: bytes) -> _Held:
+        """Return the stream's segments, dropped first when they were read in another generation."""
         held = self._streams.get(stream_id)
-        if held is not None and held[0] != epoch:
+        if held is not None and held.epoch != epoch:
             self.forget(stream_id)
+            held = None
+        if held is None:
+            held = self._streams[stream_id] = _Held(epoch)
+        return held
 
-    def _get(self, stream_id: str, epoch: bytes, item: Item) -> list[Entry] | None:
-        seq, source = ours_seq(item[0]), _source(item[1])
-        if seq is None or source is None:
+    def _serve(self, stream_id: str, segment: _Segment, index: int, raw: list[Item],
+               at: int) -> tuple[int, list[Entry]]:
+        """Return how many items of ``raw`` from ``at`` are ``segment``'s from ``index`` on, and their entries."""
+        count = min(len(raw) - at, len(segment.seqs) - index)
+        part = raw[at:at + count]
+        if [i for i, _ in part] != segment.ids[index:index + count] \
+                or [f for _, f in part] != segment.fields[index:index + count]:
+            same = 0
+            while same < count and part[same][0] == segment.ids[index + same] \
+                    and part[same][1] == segment.fields[index + same]:
+                same += 1
+            count = same
+        if not count:
+            return 0, []
+        self._lru.move_to_end((stream_id, segment.seqs[0]))
+        entries = segment.entries[segment.ends[index - 1] if index else 0:segment.ends[index + count - 1]]
+        self.served += len(entries)
+        return count, entries
+
+    @staticmethod
+    def _miss_end(held: _Held, raw: list[Item], at: int, seq: int | None, room: int | None) -> int:
+        """Return where the items to render from ``at`` end: before the next kept segment, within ``room``."""
+        end = len(raw) if room is None else min(len(raw), at + max(1, room))
+        if seq is None:
+            return len(raw)  # a foreign id sorts above every one of ours: the rest is not ours
+        stop = held.next_first(seq)
+        if stop is None and ours_seq(raw[end - 1][0]) is not None:
+            return end  # ids ascend and a foreign one sorts above ours: every one up to there is ours
+        scan = at + 1
+        while scan < end:
+            next_seq = ours_seq(raw[scan][0])
+            if next_seq is None or (stop is not None and next_seq >= stop):
+                break
+            scan += 1
+        return scan
+
+    def _keep(self, stream_id: str, held: _Held, chunk: list[Item], entries: list[Entry],
+              tail: _Segment | None) -> _Segment | None:
+        """Keep rendered ``chunk``, after ``tail`` (the segment ending at the item before it) when it has room."""
+        layout = _layout(chunk, entries) if entries else None
+        if layout is None:
             return None
-        cached = self._items.get((stream_id, seq))
-        if cached is None or cached.epoch != epoch or cached.name != source[0] or cached.value != source[1]:
-            return None
-        self._items.move_to_end((stream_id, seq))
-        return cached.entries
+        seqs, ends = layout
+        self._streams[stream_id] = held  # again, when eviction let its last segment go
+        if tail is None or len(tail.seqs) + len(seqs) > SEGMENT_ITEMS:
+            tail = _Segment()
+            held.segments[seqs[0]] = tail
+            insort(held.firsts, seqs[0])
+            self._lru[(stream_id, seqs[0])] = tail
+        base = len(tail.entries)
+        tail.ids += [entry_id for entry_id, _ in chunk]
+        tail.fields += [fields for _, fields in chunk]
+        tail.seqs += seqs
+        tail.ends += [base + end for end in ends]
+        tail.entries += entries
+        size = sum(item_size(fields, entries[ends[k - 1] if k else 0:ends[k]]) for k, (_, fields) in enumerate(chunk))
+        tail.size += size
+        self.bytes += size
+        self._lru.move_to_end((stream_id, tail.seqs[0]))
+        self._evict()
+        return tail if (stream_id, tail.seqs[0]) in self._lru else None
 
-    def _render(self, stream_id: str, items: list[Item], page: Page, after: int) -> int:
-        """Render ``items``, add their entries to ``page`` and keep them; return how many are after ``after``."""
-        if not items:
-            return 0
-        rendered = page_of(stream_id, items, page.epoch)
-        self.rendered += len(rendered)
-        page.extend(rendered)
-        self._keep(stream_id, page.epoch, items, rendered)
-        return sum(1 for entry in rendered if entry.seq > after)
+    def _cut(self, stream_id: str, held: _Held, segment: _Segment, keep: int) -> None:
+        """Drop ``segment``'s items from index ``keep`` on and every later segment of the stream."""
+        first = segment.seqs[0]
+        for later in [later for later in held.firsts if later > first]:
+            self._drop(stream_id, held, later)
+        if keep == 0:
+            self._drop(stream_id, held, first)
+            return
+        del segment.ids[keep:], segment.fields[keep:], segment.seqs[keep:], segment.ends[keep:]
+        del segment.entries[segment.ends[-1]:]
+        size = sum(item_size(fields, segment.entries[segment.ends[k - 1] if k else 0:segment.ends[k]])
+                   for k, fields in enumerate(segment.fields))
+        self.bytes += size - segment.size
+        segment.size = size
 
-    def _keep(self, stream_id: str, epoch: bytes, items: list[Item], entries: list[Entry]) -> None:
-        """Keep each item's entries: those after the previous item's seq up to its own (one, or a run's)."""
-        at, previous = 0, None
-        for entry_id, fields in items:
-            seq, source = ours_seq(entry_id), _source(fields)
-            if seq is None or source is None:
-                return  # a foreign id or an odd item: which entries are its own is not known
-            start = at
-            while at < len(entries) and entries[at].seq <= seq:
-                at += 1
-            mine = entries[start:at]
-            if not mine or mine[-1].seq != seq or (previous is not None and mine[0].seq <= previous):
-                return
-            self._put(stream_id, seq, _Cached(epoch, source[0], source[1], mine, item_size(source[1], mine)))
-            previous = seq
+    def _drop(self, stream_id: str, held: _Held, first: int) -> None:
+        """Drop the stream's segment that starts at item seq ``first``."""
+        segment = held.segments.pop(first)
+        held.firsts.remove(first)
+        del self._lru[(stream_id, first)]
+        self.bytes -= segment.size
 
-    def _put(self, stream_id: str, seq: int, cached: _Cached) -> None:
-        _, seqs = self._streams.setdefault(stream_id, (cached.epoch, set()))
-        for replaced in range(cached.entries[0].seq, seq + 1):  # a compacted run replaced the items of its seqs
-            if replaced in seqs:
-                seqs.discard(replaced)
-                self.bytes -= self._items.pop((stream_id, replaced)).size
-        self._items[(stream_id, seq)] = cached
-        seqs.add(seq)
-        self.bytes += cached.size
+    def _evict(self) -> None:
+        """Drop the least recently read segments until the kept bytes are within the limit."""
         while self.bytes > self.limit_bytes:
-            (old_stream, old_seq), old = self._items.popitem(last=False)
-            self.bytes -= old.size
-            old_seqs = self._streams[old_stream][1]
-            old_seqs.discard(old_seq)
-            if not old_seqs:
-                del self._streams[old_stream]
+            stream_id, first = next(iter(self._lru))
+            held = self._streams[stream_id]
+            self._drop(stream_id, held, first)
+            if not held.segments:
+                del self._streams[stream_id]

@@ -7,16 +7,20 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from publisher.history.frame_cache import FrameCache, item_size
-from publisher.history.pages import item_entries
+from publisher.history.pages import item_entries, page_of
 from publisher.history.store import Store
 from publisher.state import STORE, TELEMETRY
 from schema.keys import Keys
+from schema.stored import encode_stored
 from tests.conftest import delete_prefix
 from tests.publisher.helpers import API_KEY, StreamWriter, bearer, make_settings, text_stream
 from tests.publisher.test_compact_log import _frame, _frames_from_every_position
 from tests.schema.test_stored import GOLDENS, golden_events
+from worker.compaction_plan import plan
 from worker.compactor import Compactor
 
 pytestmark = pytest.mark.topologies
@@ -119,22 +123,42 @@ def _bare(event) -> bytes:
     return _frame(event, b"").replace(b"id: %d.\n" % event.seq, b"id: %d\n" % event.seq)
 
 
+async def _kept_size(redis, keys: Keys, sid: str, epoch: bytes) -> tuple[int, int]:
+    """Return how many stored items ``sid`` has and the bytes the cache counts for them all."""
+    raw = await redis.xrange(keys.events(sid))
+    return len(raw), sum(item_size(fields, item_entries(sid, entry_id, fields, epoch)) for entry_id, fields in raw)
+
+
 @pytest.mark.parametrize("spare", [0, -1])
-async def test_the_limit_holds_exactly_what_fits_and_drops_the_least_recently_read(
-        redis_client, keys: Keys, spare: int) -> None:
+async def test_the_limit_holds_exactly_what_fits(redis_client, keys: Keys, spare: int) -> None:
     sid, events = "st_edge", text_stream("st_edge", 10)
     await StreamWriter(redis_client, keys, sid, epoch=b"ep", compact=True).append(*events, notify=False)
-    raw = await redis_client.xrange(keys.events(sid))
-    sizes = [item_size(fields[b"c"], item_entries(sid, entry_id, fields, b"ep")) for entry_id, fields in raw]
-    frames = FrameCache(sum(sizes) + spare)
+    items, size = await _kept_size(redis_client, keys, sid, b"ep")
+    frames = FrameCache(size + spare)
     store = Store(redis_client, keys, page=100, frames=frames)
     first = [entry.frame for entry in await store.read_after(sid, 0)]
-    assert (len(frames), frames.bytes) == ((len(raw), sum(sizes)) if spare == 0 else (len(raw) - 1, sum(sizes[1:])))
-    assert [entry.frame for entry in await store.read_after(sid, 1)] == first[1:]
-    assert frames.rendered == len(raw)  # seq 1, read least recently, was the one dropped
+    assert (len(frames), frames.bytes) == ((items, size) if spare == 0 else (0, 0))  # one segment: whole or none
     assert [entry.frame for entry in await store.read_after(sid, 0)] == first
-    assert (frames.rendered == len(raw)) is (spare == 0)  # one short: seq 1 is rendered again (and others drop)
-    assert frames.bytes <= frames.limit_bytes
+    assert frames.rendered == items * (1 if spare == 0 else 2)
+
+
+async def test_the_least_recently_read_stream_goes_first(redis_client, keys: Keys) -> None:
+    sizes = {}
+    for sid in ("st_a", "st_b", "st_c"):
+        await StreamWriter(redis_client, keys, sid, epoch=b"ep", compact=True).append(*text_stream(sid, 5),
+                                                                                        notify=False)
+        sizes[sid] = (await _kept_size(redis_client, keys, sid, b"ep"))[1]
+    frames = FrameCache(sum(sizes.values()) - 1)
+    store = Store(redis_client, keys, page=100, frames=frames)
+    for sid in ("st_a", "st_b", "st_a", "st_c"):  # st_b is the least recently read when st_c comes
+        await store.read_after(sid, 0)
+    assert frames.bytes == sizes["st_a"] + sizes["st_c"]
+    rendered = frames.rendered
+    await store.read_after("st_a", 0)
+    await store.read_after("st_c", 0)
+    assert frames.rendered == rendered
+    await store.read_after("st_b", 0)
+    assert frames.rendered == rendered + 9
 
 
 async def test_a_cache_of_zero_bytes_keeps_nothing_and_renders_every_read(redis_client, keys: Keys) -> None:
@@ -177,3 +201,32 @@ async def test_an_expired_streams_frames_are_let_go_once_its_tombstone_is_seen(r
     await redis_client.hset(keys.tomb(sid), mapping={"last_seq": len(events), "status": "done", "epoch": "ep"})
     assert (await store.info(sid)).tomb_last_seq == len(events)
     assert (len(frames), frames.bytes) == (0, 0)
+
+
+def _forms(sid: str, deltas: int) -> dict[str, list[tuple[bytes, list[bytes]]]]:
+    """One stream's stored items as written (compact), as compacted (runs of 3), and as JSON."""
+    events = text_stream(sid, deltas)
+    written = [(b"0-%d" % e.seq, [b"c", encode_stored(e)]) for e in events]
+    compacted = [(b"0-%d" % seq, [b"c", value]) for seq, value in
+                 plan(sid, [(i, {b"c": v[1]}) for i, v in written], run_deltas=3).entries]
+    return {"written": written, "compacted": compacted,
+            "json": [(b"0-%d" % e.seq, [b"e", _frame(e, b"")[:-2].split(b"data: ", 1)[1]]) for e in events]}
+
+
+@settings(max_examples=80, deadline=None)
+@given(reads=st.lists(st.tuples(st.sampled_from(["written", "compacted", "json"]), st.sampled_from([b"e1", b"e2"]),
+                                st.integers(min_value=0, max_value=26), st.integers(min_value=1, max_value=12)),
+                      min_size=1, max_size=25),
+       limit=st.sampled_from([0, 2500, 9000, 1 << 30]))
+def test_any_sequence_of_reads_gets_what_rendering_gives(reads, limit: int) -> None:
+    sid = "st_prop"
+    forms = _forms(sid, 20)
+    frames = FrameCache(limit)
+    for form, epoch, after, count in reads:
+        raw = [item for item in forms[form] if int(item[0][2:]) > after][:count]  # XRANGE (0-<after> + COUNT
+        got = frames.page(sid, raw, epoch, after=after, limit=count)
+        want = page_of(sid, raw, epoch, after=after, limit=count)
+        cut = min(len(got), len(want))
+        assert [e for e in got if e.seq > after][:count] == [e for e in want if e.seq > after][:count]
+        assert got[:cut] == want[:cut]
+        assert frames.bytes <= limit
