@@ -12,7 +12,8 @@ It answers the providers' real paths (``POST /v1/chat/completions``, ``POST /v1/
 model                  answer
 =====================  ===========================================================================
 ``<case>``             the transcript, chunked
-``slow-<case>``        the transcript, ``slow_delay_ms`` between chunks
+``slow-<case>``        the transcript one provider event at a time (an SSE event, a JSON array
+                       element: :func:`tools.pacing.provider_events`), ``slow_delay_ms`` apart
 ``fail<N>-<case>``     the first N requests for this model: 503 (``Retry-After: 0``), then the case
 ``status-<code>``      that HTTP status with the provider's error body (``Retry-After: 1`` on 429/503)
 ``context-too-long``   400 with the provider's "prompt too long" error body
@@ -53,6 +54,7 @@ from aiohttp import web
 
 from schema import logs
 from schema.cli import CommandError, at_least, existing_directory, port_number
+from tools.pacing import provider_events
 from worker.upstream_errors import STATUS_CATEGORY
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -94,7 +96,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 10
     """Pause between chunks."""
     slow_delay_ms: int = 1000
-    """Pause between chunks for ``slow-<case>`` models."""
+    """Pause between provider events for ``slow-<case>`` models."""
     ping_interval_ms: int = 50
     """Pause between keep-alives for the ``pings`` model."""
 
@@ -205,12 +207,13 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
             response.headers["Retry-After"] = "0"
             return response
         case = failing.group(2)
-    if case.startswith("slow-"):
+    slow = case.startswith("slow-")
+    if slow:
         delay_ms, case = state.config.slow_delay_ms, case[5:]
     path = _find(state.config.roots, provider_dir, case)
     if path is None:
         return _error(provider_dir, 404, not_found_message(provider_dir, model), code="model_not_found")
-    return await _stream(request, provider_dir, path.read_bytes(), delay_ms)
+    return await _stream(request, provider_dir, path.read_bytes(), delay_ms, per_event=slow)
 
 
 async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.StreamResponse:
@@ -240,22 +243,24 @@ def _content_type(provider_dir: str) -> str:
 
 
 async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms: int,
-                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+                  headers: dict[str, str] | None = None, *, per_event: bool = False) -> web.StreamResponse:
     state = request.app[STATE]
     response = web.StreamResponse(headers={"Content-Type": _content_type(provider_dir), "Cache-Control": "no-cache",
                                            **(headers or {})})
     await response.prepare(request)
     size = max(1, state.config.chunk_bytes)
+    pieces = (provider_events(body, json_array=provider_dir == "gemini_json_array") if per_event
+              else [body[start:start + size] for start in range(0, len(body), size)])
     outcome = "complete"
     try:
-        for start in range(0, len(body), size):
-            if start and not await _pause(state, delay_ms):
+        for number, piece in enumerate(pieces):
+            if number and not await _pause(state, delay_ms):
                 outcome = "stopped"
                 break
             if _client_left(request):
                 outcome = "client_left"
                 break
-            await response.write(body[start:start + size])
+            await response.write(piece)
         else:
             await response.write_eof()
     except (ConnectionError, RuntimeError):
@@ -363,7 +368,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--chunk-bytes", type=at_least(int, 1), default=64, help="bytes per written chunk (>= 1)")
     parser.add_argument("--delay-ms", type=at_least(int, 0), default=10, help="pause between chunks (ms, >= 0)")
     parser.add_argument("--slow-delay-ms", type=at_least(int, 0), default=1000,
-                        help="pause between chunks of slow-<case> (ms, >= 0)")
+                        help="pause between provider events of slow-<case> (ms, >= 0)")
 
 
 def transcript_roots(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, ...]:

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 from tests.worker.support import GUARD_S, fake_upstream
+from tools.pacing import provider_events
 from tools.upstream import DEFAULT_ROOTS, GARBAGE_BYTES, ServerConfig, garbage_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,15 +96,18 @@ async def test_pings_model_sends_only_keepalives() -> None:
     assert all(f == b'event: ping\ndata: {"type":"ping"}' for f in frames[:3])
 
 
-async def test_slow_model_pauses_between_chunks() -> None:
-    config = ServerConfig(chunk_bytes=400, delay_ms=1, slow_delay_ms=150)
+async def test_slow_model_sends_one_provider_event_at_a_time_with_a_pause_between() -> None:
+    config = ServerConfig(chunk_bytes=40, delay_ms=1, slow_delay_ms=150)
+    body = (CASES / "anthropic" / "simple_text_ping_and_padding.sse").read_bytes()
     async with fake_upstream(config) as (base, _state), aiohttp.ClientSession() as s:
         response = await _post(s, base, "anthropic", "slow-simple_text_ping_and_padding")
-        arrivals = []
-        while await response.content.readany():
+        reads, arrivals = [], []
+        while chunk := await response.content.readany():
+            reads.append(chunk)
             arrivals.append(time.monotonic())
         response.release()
-    assert len(arrivals) >= 3
+    assert reads == provider_events(body, json_array=False)  # not 40-byte chunks
+    assert len(reads) >= 3
     assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.1
 
 

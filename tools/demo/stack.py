@@ -58,7 +58,7 @@ class LocalStack:
         workers: How many ``fanout worker`` processes to start.
         delay_ms: Upstream pause between chunks, so bodies really stream.
         chunk_bytes: Upstream chunk size.
-        slow_delay_ms: Upstream pause between chunks of ``slow-<case>`` models.
+        slow_delay_ms: Upstream pause between provider events of ``slow-<case>`` models.
         prefix: Redis key prefix (default: a fresh random one, isolating this stack).
         env: Extra environment for every process (overrides the defaults).
     """
