@@ -437,4 +437,6 @@ def test_prometheus_port_in_use_is_one_warning_not_a_crash(busy_port: int, monke
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(busy_port))
     providers = providers_from_env({"OTEL_METRICS_EXPORTER": "prometheus"}, service_name="t")
     assert providers.meter_provider is None
-    assert any("otel_exporter_failed" in record.getMessage() for record in caplog.records)
+    (message,) = [r.getMessage() for r in caplog.records if "otel_exporter_failed" in r.getMessage()]
+    assert f"port {busy_port} is taken" in message
+    assert "its own OTEL_EXPORTER_PROMETHEUS_PORT" in message
