@@ -1,4 +1,4 @@
-"""``fanout demo`` with ``OTEL_METRICS_EXPORTER=prometheus``: a scrape endpoint per process, each printed with its log."""
+"""``fanout demo`` with ``OTEL_METRICS_EXPORTER=prometheus``: a scrape endpoint per process, printed with its log."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_the_stack_says_where_each_process_logs_and_is_scraped(redis_url: str) -
 
 def _families(url: str) -> dict[str, float]:
     """Sample name → the sum of its values over every label set."""
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - a loopback URL the demo printed
+    with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -84,7 +84,8 @@ def test_demo_with_prometheus_serves_every_process_on_its_own_port(redis_url: st
             if ended >= 9 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert ended == 9, {name: sorted(found) for name, found in scraped.items()}  # every demo job, counted by the worker that ran it
+        # every demo job, counted by the worker that ran it
+        assert ended == 9, {name: sorted(found) for name, found in scraped.items()}
         assert all("fanout_jobs_pending" in scraped[w] for w in ("worker-1", "worker-2"))
         assert any(name.startswith("fanout_sse_") for name in scraped["publisher"])
         for name in ["upstream", *NAMES]:
