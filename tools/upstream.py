@@ -14,6 +14,7 @@ model                  answer
 ``<case>``             the transcript, chunked
 ``slow-<case>``        the transcript one provider event at a time (an SSE event, a JSON array
                        element: :func:`tools.pacing.provider_events`), ``slow_delay_ms`` apart
+                       (``--slow-pacing chunk``, and :class:`ServerConfig`'s default: one chunk at a time)
 ``fail<N>-<case>``     the first N requests for this model: 503 (``Retry-After: 0``), then the case
 ``status-<code>``      that HTTP status with the provider's error body (``Retry-After: 1`` on 429/503)
 ``context-too-long``   400 with the provider's "prompt too long" error body
@@ -47,7 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 from aiohttp import web
@@ -96,7 +97,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 10
     """Pause between chunks."""
     slow_delay_ms: int = 1000
-    """Pause between provider events for ``slow-<case>`` models."""
+    """Pause between provider events (or chunks, see :attr:`slow_pacing`) for ``slow-<case>`` models."""
+    slow_pacing: Literal["event", "chunk"] = "chunk"
+    """What ``slow-<case>`` sends between pauses: one ``chunk_bytes`` chunk (the default here, which
+    tests tune their timings with), or one provider event (``fanout upstream``'s default)."""
     ping_interval_ms: int = 50
     """Pause between keep-alives for the ``pings`` model."""
 
@@ -213,7 +217,8 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
     path = _find(state.config.roots, provider_dir, case)
     if path is None:
         return _error(provider_dir, 404, not_found_message(provider_dir, model), code="model_not_found")
-    return await _stream(request, provider_dir, path.read_bytes(), delay_ms, per_event=slow)
+    per_event = slow and state.config.slow_pacing == "event"
+    return await _stream(request, provider_dir, path.read_bytes(), delay_ms, per_event=per_event)
 
 
 async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.StreamResponse:
@@ -369,6 +374,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--delay-ms", type=at_least(int, 0), default=10, help="pause between chunks (ms, >= 0)")
     parser.add_argument("--slow-delay-ms", type=at_least(int, 0), default=1000,
                         help="pause between provider events of slow-<case> (ms, >= 0)")
+    parser.add_argument("--slow-pacing", choices=("event", "chunk"), default="event",
+                        help="what slow-<case> sends between pauses: one provider event, or one --chunk-bytes chunk")
 
 
 def transcript_roots(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, ...]:
@@ -393,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     """
     logs.configure_from_env(os.environ)
     config = ServerConfig(roots=transcript_roots(args, os.environ), chunk_bytes=args.chunk_bytes,
-                          delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms)
+                          delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms, slow_pacing=args.slow_pacing)
     asyncio.run(_serve(make_app(config), args.host, args.port))
     return 0
 

@@ -83,6 +83,8 @@ class LocalStack:
         delay_ms: Upstream pause between chunks, so bodies really stream.
         chunk_bytes: Upstream chunk size.
         slow_delay_ms: Upstream pause between provider events of ``slow-<case>`` models.
+        slow_pacing: What ``slow-<case>`` sends between pauses: ``event`` (one provider event,
+            as a person watching wants) or ``chunk`` (one ``chunk_bytes`` chunk).
         prefix: Redis key prefix (default: a fresh random one, isolating this stack).
         env: Extra environment for every process (overrides the defaults).
     """
@@ -95,11 +97,13 @@ class LocalStack:
         delay_ms: int = 40,
         chunk_bytes: int = 96,
         slow_delay_ms: int = 1000,
+        slow_pacing: str = "event",
         prefix: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.redis_url, self.workers = redis_url, workers
         self.delay_ms, self.chunk_bytes, self.slow_delay_ms = delay_ms, chunk_bytes, slow_delay_ms
+        self.slow_pacing = slow_pacing
         self.prefix = prefix or f"fanout-stack-{secrets.token_hex(4)}"
         self.api_key = f"key-{secrets.token_hex(8)}"
         self.upstream_port, self.publisher_port = free_port(), free_port()
@@ -166,7 +170,7 @@ class LocalStack:
         env = self.env()
         fanout = [sys.executable, "-m", "fanout_cli"]
         pacing = ["--delay-ms", str(self.delay_ms), "--chunk-bytes", str(self.chunk_bytes),
-                  "--slow-delay-ms", str(self.slow_delay_ms)]
+                  "--slow-delay-ms", str(self.slow_delay_ms), "--slow-pacing", self.slow_pacing]
         try:
             upstream = self._spawn("upstream", [*fanout, "upstream", "--host", "127.0.0.1",
                                                 "--port", str(self.upstream_port), *pacing], env)
