@@ -2,7 +2,9 @@
 
 ``submit`` posts a job and prints the publisher's answer (or, with ``--follow``, the
 events as they arrive); ``tail`` follows a stream with automatic resume and prints
-its events as JSON lines, or the whole stream's assembled result with ``--result``.
+its events, or the whole stream's assembled result with ``--result``. Events print as
+JSON lines when standard output is a pipe or a file, as readable text on a terminal
+(:mod:`fanout_client.text_view`); ``--format`` chooses.
 The publisher's address comes from ``--url``, else ``FANOUT_URL``, else
 :data:`DEFAULT_URL`; the API key from ``--api-key`` or ``FANOUT_API_KEY``; the read
 token of ``tail`` from ``--token`` or ``FANOUT_TOKEN``.
@@ -40,6 +42,7 @@ from fanout_client.errors import (
     StreamUnavailableError,
 )
 from fanout_client.reducer import Assembler, result_to_builtins
+from fanout_client.text_view import OUTPUT_FORMATS, RULE, OutputFormat, TextView, chosen_format
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 """Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
@@ -90,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--metadata", metavar="JSON",
                             help="a JSON object copied onto stream.start, e.g. '{\"user\": \"u1\"}'")
         parser.add_argument("--follow", action="store_true", help="print the events until the stream ends")
+        _add_format(parser)
     else:
         parser.add_argument("stream_id", help="the stream's id (submit prints it)")
         parser.add_argument("--token", help="the stream's read token (env FANOUT_TOKEN; default: read with the "
@@ -101,6 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                             help="print only the whole stream's assembled result once it ended (with "
                                  "--last-event-id too: it waits from there, then the result comes from "
                                  "GET /v1/streams/{id})")
+        _add_format(parser)
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=OUTPUT_FORMATS, default="auto",
+                        help="how events print: json (one JSON line each), text (the answer as text, blocks "
+                             "labelled), auto (default: text on a terminal, json when piped)")
 
 
 def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Target:
@@ -135,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "submit":
         return asyncio.run(_submit(args, target))
     token = args.token or os.environ.get("FANOUT_TOKEN") or None
-    return asyncio.run(_tail(target, args.stream_id, token, args.last_event_id, result_only=args.result))
+    return asyncio.run(_tail(target, args.stream_id, token, args.last_event_id, result_only=args.result,
+                             fmt=args.format))
 
 
 def _json_object(text: str, where: str, example: str) -> dict[str, Any]:
@@ -183,22 +195,25 @@ async def _submit(args: argparse.Namespace, target: Target) -> int:
                                       stream_id=args.stream_id, metadata=metadata)
         except StreamUnavailableError as exc:
             raise refusal(exc, target, "api key" if target.api_key else "none", None) from exc
-    sys.stdout.write(msgspec.json.encode(sub).decode() + "\n")
+    text = args.follow and chosen_format(args.format, tty=sys.stdout.isatty()) == "text"
+    sys.stdout.write(f"{RULE} submitted {sub.stream_id}\n" if text else msgspec.json.encode(sub).decode() + "\n")
     sys.stdout.flush()
     if not args.follow:
         return EXIT_OK
-    return await _tail(target, sub.stream_id, sub.token, None, result_only=False)
+    return await _tail(target, sub.stream_id, sub.token, None, result_only=False, fmt=args.format)
 
 
-async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool) -> int:
+async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool,
+                fmt: OutputFormat = "auto") -> int:
     credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
+    view = TextView() if chosen_format(fmt, tty=sys.stdout.isatty()) == "text" else None
     async with FanoutClient(target.url, api_key=target.api_key) as client:
         try:
             async for event in client.events(stream_id, token=token, last_event_id=last):
                 assembler.apply(event)
                 if not result_only:
-                    sys.stdout.write(encode_event(event).decode() + "\n")
+                    sys.stdout.write(view.render(event) if view else encode_event(event).decode() + "\n")
                     sys.stdout.flush()
             result = result_to_builtins(assembler.result())
             if last is not None:  # the events seen are not the whole stream: ask for its result

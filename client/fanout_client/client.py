@@ -175,6 +175,28 @@ class FanoutClient:
         async with self._request("POST", f"/v1/streams/{stream_id}/cancel", headers=self._auth()) as resp:
             return resp.status
 
+    async def cancel_stream(self, stream_id: str) -> dict[str, Any]:
+        """Cancel a stream (API key) and return the ``202`` answer, ``{"stream_id", "state": "cancelling"}``.
+
+        Raises:
+            StreamUnavailableError: Refused: 401, 404, or 409 ``already-terminal`` (its
+                problem names the end in ``stream_status``).
+            PublisherUnreachableError: No connection could be made to ``base_url``.
+        """
+        async with self._request("POST", f"/v1/streams/{stream_id}/cancel", headers=self._auth()) as resp:
+            return await self._json_or_raise(resp, expect=(202,))
+
+    async def mint_token(self, stream_id: str, scope: str = "public") -> dict[str, Any]:
+        """Mint a read token (API key): ``{"stream_id", "token", "token_expires_at", "token_scope"}``.
+
+        Raises:
+            StreamUnavailableError: Refused: 401, 404, 400 (a scope other than ``public``/``internal``).
+            PublisherUnreachableError: No connection could be made to ``base_url``.
+        """
+        async with self._request("POST", f"/v1/streams/{stream_id}/tokens", json={"scope": scope},
+                                 headers=self._auth()) as resp:
+            return await self._json_or_raise(resp, expect=(201,))
+
     async def status(self, stream_id: str, token: str | None = None) -> dict[str, Any]:
         """Return ``GET /v1/streams/{id}``: the stream's status and assembled result so far."""
         async with self._request("GET", f"/v1/streams/{stream_id}", headers=self._auth(token)) as resp:
