@@ -7,7 +7,8 @@ key); a stream that already ended is said so (exit 1). ``token`` mints a fresh r
 token (API key; ``--scope internal`` for a reader of internal reasoning) and prints the
 answer, or only the token with ``--bare`` (``export FANOUT_TOKEN=$(fanout token ID --bare)``).
 The publisher's address and the API key come from the same flags and variables as
-``submit`` and ``tail`` (:mod:`fanout_client.cli`); refusals are one line saying what to do.
+``submit`` and ``tail`` (:mod:`fanout_client.cli`); refusals are one line saying what to do
+(:mod:`fanout_client.refusals`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any, Final
 
 import msgspec
 
-from fanout_client.cli import Credential, Target, refusal, target_of
+from fanout_client.admin import cancel_stream, mint_token
+from fanout_client.cli import target_of
 from fanout_client.client import FanoutClient
 from fanout_client.errors import EXIT_OK, EXIT_REFUSED, CommandError, StreamUnavailableError
+from fanout_client.refusals import Credential, Target, refusal
 
 COMMANDS: Final = {
     "status": "print a stream's state and its assembled result so far (GET /v1/streams/{id})",
@@ -83,5 +86,5 @@ async def _call(client: FanoutClient, args: argparse.Namespace, token: str | Non
     if args.command == "status":
         return await client.status(args.stream_id, token)
     if args.command == "cancel":
-        return await client.cancel_stream(args.stream_id)
-    return await client.mint_token(args.stream_id, args.scope)
+        return await cancel_stream(client, args.stream_id)
+    return await mint_token(client, args.stream_id, args.scope)
