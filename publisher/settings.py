@@ -46,6 +46,13 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``retry:`` hint sent at the start of every SSE response, milliseconds."""
     heartbeat_s: PositiveFloat = 15.0
     """Idle time after which an SSE response gets a ``: ping`` comment, seconds."""
+    durable_long_poll_s: PositiveFloat = 20.0
+    """Longest a Durable Streams long-poll read (``/durable?live=long-poll``) waits for a new event
+    before it is answered ``204``, seconds."""
+    durable_sse_max_s: PositiveFloat = 60.0
+    """A Durable Streams SSE read (``/durable?live=sse``) is ended after this many seconds, at an
+    event boundary; its client reconnects from the last ``streamNextOffset`` (the protocol's
+    section 10.2 asks for about 60 s, so CDNs can collapse readers)."""
     client_queue: Positive = 1024
     """Events a reader may have queued before its connection is closed (overflow)."""
     write_timeout_s: PositiveFloat = 60.0
