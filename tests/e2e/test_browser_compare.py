@@ -1,22 +1,27 @@
 """The demo page in a real Chromium: why it cannot follow a stream, and the four protocols side by side.
 
 Runs on the same stack and browser fixtures as ``test_browser.py`` (real processes, Debian's
-Chromium through Playwright). A protocol whose route this publisher does not serve yet
-(``/agui``, ``/durable`` before their branches land) must say "not available on this
-server"; one it serves must show the same answer as ``/events``.
+Chromium through Playwright). Every protocol this publisher serves must show the same
+answer as the golden transcript; a protocol a publisher does not serve (an older one, here
+a loopback proxy that answers ``/agui`` and ``/durable`` with the publisher's own
+no-such-route ``404``) must say "not available on this server".
 """
 
 # ruff: noqa: F811 - the fixtures imported from test_browser.py are redefined as test parameters by name
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
 import msgspec
 
 from fanout_client import FanoutClient
+from publisher.api.problems import NO_ROUTE, ProblemError
 from schema.keys import Keys
 from schema.reducer import reduce
 from tests.conftest import client_for
+from tests.e2e.proxy import CuttingProxy, _one_request_per_connection
 from tests.e2e.test_browser import (  # noqa: F401 - fixtures used by name
     ROOT,
     browser,
@@ -31,6 +36,34 @@ from tools.replay import replay_file
 
 CASE = ("anthropic", "anthropic", "thinking_with_signature")
 ANSWER_KINDS = ("text", "refusal")
+PROTOCOLS = ("events", "ui", "agui", "durable")
+LATER_PROTOCOLS = re.compile(rb"^GET /v1/streams/[^/ ]+/(agui|durable)[? ]")
+
+
+class OlderPublisher(CuttingProxy):
+    """Forwards to the publisher, except ``/agui`` and ``/durable``: answered as by a publisher without them."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port, cut_after_events=0)
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        head = await client_r.readuntil(b"\r\n\r\n")
+        if LATER_PROTOCOLS.match(head):
+            body = ProblemError("not-found", NO_ROUTE).response().body
+            assert isinstance(body, bytes)
+            client_w.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/problem+json\r\n"
+                           b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+            await client_w.drain()
+            client_w.close()
+            return
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        up_w.write(_one_request_per_connection(head))
+        tasks = [asyncio.create_task(self._pipe(client_r, up_w)), asyncio.create_task(self._pipe(up_r, client_w))]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for writer in (client_w, up_w):
+            writer.close()
 
 
 def golden_answer(directory: str, case: str) -> str:
@@ -90,33 +123,49 @@ async def test_a_link_without_a_token_says_so(stack: LocalStack, browser: Any) -
     assert page.errors == []
 
 
+async def compared(page: Any, base_url: str, stream_id: str, token: str) -> dict[str, Any]:
+    """Open the stream, press *Compare protocols*, and return every column once each ended or is unavailable."""
+    await page.goto(f"{base_url}/demo?stream_id={stream_id}&token={token}")
+    await page.wait_for_function("!document.getElementById('compare-button').disabled", timeout=30_000)
+    await page.click("#compare-button")
+    await page.wait_for_function(
+        "Object.keys(fanoutCompare.columns()).length === 4 &&"
+        " Object.values(fanoutCompare.columns()).every(c => ['ended', 'unavailable'].includes(c.state))",
+        timeout=60_000)
+    columns: dict[str, Any] = await page.evaluate("fanoutCompare.columns()")
+    return columns
+
+
 async def test_the_four_protocols_show_one_answer_side_by_side(stack: LocalStack, browser: Any) -> None:
     provider, directory, case = CASE
     stream_id, token = await submit(stack, provider, case)
     page = await new_page(browser)
-    await page.goto(f"{stack.base_url}/demo?stream_id={stream_id}&token={token}")
-    await page.wait_for_function("!document.getElementById('compare-button').disabled", timeout=30_000)
-    await page.click("#compare-button")
-    await page.wait_for_function(
-        "Object.values(fanoutCompare.columns()).every(c => ['ended', 'unavailable'].includes(c.state))"
-        " && Object.keys(fanoutCompare.columns()).length === 4", timeout=60_000)
-    columns = await page.evaluate("fanoutCompare.columns()")
+    columns = await compared(page, stack.base_url, stream_id, token)
     answer = golden_answer(directory, case)
     assert answer
-    assert columns["events"]["state"] == columns["ui"]["state"] == "ended"
-    assert columns["events"]["text"] == answer
-    assert columns["ui"]["text"] == answer
+    assert {name: (c["state"], c["text"]) for name, c in columns.items()} == dict.fromkeys(PROTOCOLS,
+                                                                                              ("ended", answer))
     assert columns["events"]["end"] == "completed, finish_reason stop"
-    for name in ("agui", "durable"):  # not merged here yet: said so; once served, the same answer
-        state = columns[name]["state"]
-        assert state in ("ended", "unavailable"), (name, state)
-        if state == "unavailable":
-            shown = await page.inner_text(f".protocol[data-protocol='{name}'] .protocol-state")
-            assert shown == "not available on this server"
-        else:
-            assert columns[name]["text"] == answer, name
-    for name in ("events", "ui"):
+    assert columns["ui"]["end"] == "finish, finishReason stop"
+    assert columns["agui"]["end"] == "RUN_FINISHED"
+    for name in PROTOCOLS:
         assert answer.splitlines()[0] in await page.inner_text(f".protocol[data-protocol='{name}'] .protocol-answer")
+    assert page.errors == []
+
+
+async def test_a_protocol_the_publisher_does_not_serve_says_so(stack: LocalStack, browser: Any) -> None:
+    provider, directory, case = CASE
+    stream_id, token = await submit(stack, provider, case)
+    async with OlderPublisher(stack.publisher_port) as older:
+        page = await new_page(browser)
+        columns = await compared(page, f"http://127.0.0.1:{older.port}", stream_id, token)
+        shown = {name: await page.inner_text(f".protocol[data-protocol='{name}'] .protocol-state")
+                 for name in ("agui", "durable")}
+    answer = golden_answer(directory, case)
+    assert {name: c["state"] for name, c in columns.items()} == {"events": "ended", "ui": "ended",
+                                                                 "agui": "unavailable", "durable": "unavailable"}
+    assert columns["events"]["text"] == columns["ui"]["text"] == answer
+    assert shown == dict.fromkeys(("agui", "durable"), "not available on this server")
     assert page.errors == []
 
 
