@@ -20,13 +20,14 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
-from fanout_client.client import FanoutClient, base_url_problem
+from fanout_client import cli_manage
+from fanout_client.client import FanoutClient
 from fanout_client.contract import PROVIDERS, encode_event, parse_event_id
 from fanout_client.errors import (
     EXIT_BROKEN_PIPE,
@@ -38,11 +39,9 @@ from fanout_client.errors import (
     StreamUnavailableError,
 )
 from fanout_client.reducer import Assembler, result_to_builtins
-from fanout_client.refusals import Credential, Target, refusal
+from fanout_client.refusals import DEFAULT_URL, Credential, Target, refusal, target_of
 from fanout_client.text_view import OUTPUT_FORMATS, RULE, OutputFormat, TextView, chosen_format
 
-DEFAULT_URL: Final = "http://127.0.0.1:8080"
-"""Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
 ERROR_STATUSES: Final = ("failed", "interrupted", "cancelled")
 """Stream statuses of a ``stream.error`` end (exit 3)."""
 
@@ -92,23 +91,6 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=OUTPUT_FORMATS, default="auto",
                         help="how events print: json (one JSON line each), text (the answer as text, blocks "
                              "labelled), auto (default: text on a terminal, json when piped)")
-
-
-def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Target:
-    """Resolve the URL and API key from the flags, then the environment, then the default.
-
-    Raises:
-        CommandError: The URL is not an ``http(s)://`` URL (exit 2), naming where it came from.
-    """
-    env = os.environ if environ is None else environ
-    url, source = (args.url, "--url") if args.url else (env.get("FANOUT_URL"), "FANOUT_URL")
-    if not url:
-        url, source = DEFAULT_URL, "the default URL (set FANOUT_URL or --url to change it)"
-    problem = base_url_problem(url)
-    if problem is not None:
-        raise CommandError(f"{source}: {problem}")
-    return Target(url=url, url_source=source, api_key=args.api_key or env.get("FANOUT_API_KEY") or None,
-                  command=args.command)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,7 +211,7 @@ def _exit_status(command: str, stream_id: str, result: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``fanout-client submit|tail``: the same two commands without the server installed.
+    """``fanout-client submit|tail|status|cancel|token``: the same commands without the server installed.
 
     Returns:
         The exit status of :func:`run`; a :class:`CommandError` is printed as one line.
@@ -240,9 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, help_text in (("submit", "submit a job over HTTP and optionally follow its stream"),
                             ("tail", "follow a stream over SSE with automatic resume")):
         add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
+    for name, help_text in cli_manage.COMMANDS.items():
+        cli_manage.add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
     args = parser.parse_args(argv)
     try:
-        code = run(args)
+        code = cli_manage.run(args) if args.command in cli_manage.COMMANDS else run(args)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
     except CommandError as exc:
         sys.stderr.write(f"fanout-client {args.command}: {exc.message}\n")

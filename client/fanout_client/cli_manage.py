@@ -7,7 +7,7 @@ key); a stream that already ended is said so (exit 1). ``token`` mints a fresh r
 token (API key; ``--scope internal`` for a reader of internal reasoning) and prints the
 answer, or only the token with ``--bare`` (``export FANOUT_TOKEN=$(fanout token ID --bare)``).
 The publisher's address and the API key come from the same flags and variables as
-``submit`` and ``tail`` (:mod:`fanout_client.cli`); refusals are one line saying what to do
+``submit`` and ``tail`` (:func:`fanout_client.refusals.target_of`); refusals are one line saying what to do
 (:mod:`fanout_client.refusals`).
 """
 
@@ -22,10 +22,9 @@ from typing import Any, Final
 import msgspec
 
 from fanout_client.admin import cancel_stream, mint_token
-from fanout_client.cli import target_of
 from fanout_client.client import FanoutClient
 from fanout_client.errors import EXIT_OK, EXIT_REFUSED, CommandError, StreamUnavailableError
-from fanout_client.refusals import Credential, Target, refusal
+from fanout_client.refusals import Credential, Target, refusal, target_of
 
 COMMANDS: Final = {
     "status": "print a stream's state and its assembled result so far (GET /v1/streams/{id})",

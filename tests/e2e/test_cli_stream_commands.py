@@ -188,3 +188,18 @@ def test_text_view_labels_interleaved_blocks_and_ends_on_its_own_line() -> None:
                   for n, e in enumerate(raw, 1))
     assert out == (f"{RULE} s · openai_chat m\nHi\n[tool call get (c1)]\n{{\"a\": 1}}\n[text]\n!\n"
                    f"{RULE} interrupted (transport, retryable): lost\n")
+
+
+def test_fanout_client_has_the_same_three_commands(stack: LocalStack, finished: str) -> None:
+    base = {k: v for k, v in os.environ.items() if k not in ("FANOUT_URL", "FANOUT_API_KEY", "FANOUT_TOKEN")}
+    done = subprocess.run([sys.executable, "-c", "from fanout_client.cli import main; raise SystemExit(main())",
+                           "status", finished], capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
+                          env={**base, **client_env(stack), "PYTHONPATH": str(ROOT / "client")})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+    refused = subprocess.run([sys.executable, "-c", "from fanout_client.cli import main; raise SystemExit(main())",
+                              "cancel", finished], capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
+                             env={**base, **client_env(stack), "PYTHONPATH": str(ROOT / "client")})
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("fanout-client cancel: stream ")
+    assert "already ended (completed)" in refused.stderr
