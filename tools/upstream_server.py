@@ -62,6 +62,10 @@ class ServerState:
         self.seen: Counter[str] = Counter()
         self.outcomes: list[str] = []
         """How each streamed answer ended: ``complete``, ``client_left`` or ``stopped``."""
+        self.open_now = 0
+        """Streamed answers (200 bodies) being written now."""
+        self.open_max = 0
+        """The most streamed answers ever written at once (tests of concurrency caps)."""
         self.stopping = asyncio.Event()
 
 
@@ -131,6 +135,8 @@ async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms
     pieces = (provider_events(body, json_array=provider_dir == "gemini_json_array") if per_event
               else [body[start:start + size] for start in range(0, len(body), size)])
     outcome = "complete"
+    state.open_now += 1
+    state.open_max = max(state.open_max, state.open_now)
     try:
         for number, piece in enumerate(pieces):
             if number and not await _pause(state, delay_ms):
@@ -144,6 +150,8 @@ async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms
             await response.write_eof()
     except (ConnectionError, RuntimeError):
         outcome = "client_left"
+    finally:
+        state.open_now -= 1
     state.outcomes.append(outcome)
     return response
 

@@ -40,13 +40,16 @@ from infra.redis_client import RedisClient
 from infra.redis_faults import fault_fields, fault_kind
 from infra.storage import RetryPolicy
 from schema.keys import Keys
+from schema.upstreams import Upstreams
 from worker.appender import Appender
 from worker.cancel import CancelListener
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
+from worker.router import Router, cooldown_policy
 from worker.settings import WorkerSettings
+from worker.targets import slot_limits
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 
@@ -86,13 +89,18 @@ class Worker:
     def create(
         cls, redis: RedisClient, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
         credentials: Credentials | None = None, telemetry: Telemetry | None = None, consumer: str | None = None,
-        clock_ms: Callable[[], int] | None = None,
+        clock_ms: Callable[[], int] | None = None, upstreams: Upstreams | None = None,
     ) -> Worker:
-        """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
+        """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`).
+
+        ``upstreams`` routes jobs over the upstreams file's endpoints, with the slots their
+        ``max_concurrency`` gives (default: the endpoints of today's variables).
+        """
         name = consumer or consumer_name()
         retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
                             max_delay_s=settings.append_retry_max_delay_s)
         telemetry = telemetry or Telemetry()
+        telemetry.endpoints(upstreams.endpoints if upstreams else ())
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
                             wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,
@@ -100,7 +108,8 @@ class Worker:
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
-            clock_ms=clock_ms,
+            clock_ms=clock_ms, upstreams=upstreams,
+            router=Router(cooldown_policy(settings), slot_limits(upstreams) if upstreams else None),
         )
         return cls(redis, keys, ctx)
 
