@@ -28,6 +28,9 @@ model                  answer
 unknown                404 with the provider's error body, pointing at ``transcripts/<dir>/INDEX.md``
 =====================  ===========================================================================
 
+A ``/v1/responses`` body with ``"background": true`` gets OpenAI's background mode
+(:mod:`tools.fake_background`: kept responses, ``GET /v1/responses/{id}?stream=true``, cancel).
+
 Every request is recorded (method, path, query, headers with secret values shown as
 ``***``, whether a credential was sent, JSON body, monotonic arrival time) and listed by ``GET /_requests``;
 ``DELETE /_requests`` clears the list. Never for production: it checks no credential.

@@ -3,7 +3,9 @@
 :func:`make_app` builds the aiohttp application that ``fanout upstream`` (:mod:`tools.upstream`,
 whose docstring tables the special models) serves: each request is recorded, then answered
 by the model it names (a case streamed in chunks, slowly: per provider event or chunk, after N
-failures, gzip-compressed, an error status, a hang, keep-alives only, or garbage). What the answers hold comes from
+failures, gzip-compressed, an error status, a hang, keep-alives only, or garbage); a
+``/v1/responses`` body with ``"background": true`` gets OpenAI's background mode
+(:mod:`tools.fake_background`). What the answers hold comes from
 :mod:`tools.upstream_bodies`. Never for production: it checks no credential.
 """
 
@@ -14,12 +16,14 @@ import gzip
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
 from aiohttp import web
 
+from tools import fake_background
 from tools.pacing import provider_events
 from tools.upstream_bodies import (
     CONTEXT_MESSAGES,
@@ -67,6 +71,8 @@ class ServerState:
         self.open_max = 0
         """The most streamed answers ever written at once (tests of concurrency caps)."""
         self.stopping = asyncio.Event()
+        self.background = fake_background.BackgroundStore()
+        """Kept background responses (:mod:`tools.fake_background`)."""
 
 
 STATE: Final = web.AppKey("state", ServerState)
@@ -191,7 +197,11 @@ async def _pause(state: ServerState, delay_ms: int) -> bool:
 
 async def _handle(request: web.Request, provider_dir: str, model: str) -> web.StreamResponse:
     raw = await request.read()
-    request.app[STATE].requests.append(record(request, raw))
+    state = request.app[STATE]
+    state.requests.append(record(request, raw))
+    if provider_dir == "openai_responses" and fake_background.asks_background(raw):
+        return await fake_background.create(request, model, partial(find_case, state.config.roots, provider_dir),
+                                            (state.config.delay_ms, state.config.slow_delay_ms))
     return await _answer(request, provider_dir, model)
 
 
@@ -239,6 +249,7 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
     app.router.add_post("/v1/responses", _by_body_model("openai_responses"))
     app.router.add_post("/v1/messages", _by_body_model("anthropic"))
     app.router.add_post("/v1beta/models/{model:[^/:]+}:streamGenerateContent", _gemini)
+    fake_background.install(app, app[STATE].background)
     app.router.add_get("/_requests", _list_requests)
     app.router.add_delete("/_requests", _clear_requests)
     return app

@@ -31,13 +31,16 @@ local last = tonumber(meta[2] or '0')
 if last + 1 ~= first then return {'seq', tostring(last)} end
 local size = 0
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'c', ARGV[8 + i])
   size = size + #ARGV[8 + i] + 1
 end
 local new_last = first + n - 1
 local status = ARGV[3]
 redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n])
 if first == 1 and epoch ~= '' then redis.call('HSET', KEYS[2], 'epoch', epoch) end
+if ARGV[12 + n] and ARGV[12 + n] ~= '' then
+  redis.call('HSET', KEYS[2], 'bg_id', ARGV[12 + n], 'bg_cursor', ARGV[13 + n], 'bg_endpoint', ARGV[14 + n])
+end
 if status ~= '' then
   redis.call('HSET', KEYS[2], 'state', 'done', 'status', status, 'ended_ms', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -50,9 +53,12 @@ local head = new_last .. ' ' .. first
 if epoch ~= '' then head = head .. ' ' .. epoch end
 local note = new_last
 if epoch ~= '' then note = head end
+if n == 0 then return {'ok', tostring(new_last)} end
 local live_max = tonumber(ARGV[7])
 if live_max > 0 and size <= live_max then
-  note = head .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n)
+  local body = {}
+  for i = 1, n do body[i] = #ARGV[8 + i] .. ':' .. ARGV[8 + i] end
+  note = new_last .. ' ' .. first .. ' ' .. epoch .. ' c\\n' .. table.concat(body)
 end
 if ARGV[10 + n] == 'sharded' then
   redis.call('SPUBLISH', KEYS[4], note)
@@ -63,18 +69,24 @@ return {'ok', tostring(new_last)}
 """
 """The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
 ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
-tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
+tombstone_ttl_s, live_max_bytes, n, then the n events in their compact stored form
+(:mod:`schema.stored`, stored as field ``c``), then the batch id (random,
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
 answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
 :func:`infra.live_pubsub.live_mode`), then the writer's epoch ('' for a stream started
-before contract 1.1).
+before contract 1.1), then optionally (a background attempt, :mod:`worker.background`) the
+provider's response id, the last provider ``sequence_number`` normalized and the endpoint's
+name, stored in meta ``bg_id``, ``bg_cursor`` and ``bg_endpoint`` with the batch. A batch of
+no event (``n`` = 0, first seq = ``last_seq + 1``) stores only those fields, fenced and checked
+like any batch, and publishes nothing.
 
 Answers ``{code, detail}``: ``ok``/``landed`` with the new last seq; ``fenced`` (another
 token), ``closed`` (already ended), ``reset`` (meta holds another epoch, or none: the
 generation this writer extends is gone) and ``seq`` (meta ``last_seq`` is not the batch's
 first seq - 1) with what meta holds.
 
-The notification is ``<last> <first> <epoch>\\n<json>\\n...`` when the JSONs and their
-separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else the
-seq-only ``<last> <first> <epoch>``; without an epoch, ``<last> <first>\\n<json>...`` and
-``<last>`` as before 1.1 (:mod:`publisher.live.notification`)."""
+The notification is ``<last> <first> <epoch> c\\n<len>:<value>...`` (each stored value
+prefixed by its length in bytes; the epoch may be empty) when the values and one byte
+each fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else the seq-only
+``<last> <first> <epoch>``, or ``<last>`` without an epoch
+(:mod:`publisher.live.notification`)."""

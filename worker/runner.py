@@ -15,8 +15,10 @@ Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose
 cannot run is acked, after ending its stream ``failed`` when it names one
 (:mod:`worker.jobentry`).
 
-Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; let running
-streams finish for up to ``drain_s``; then stop the rest WITHOUT writing a terminal event
+Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; give background
+streams with stored content back at once (stopped and released as below, so a successor
+re-attaches, :mod:`worker.reattach`); let other running streams finish for up to ``drain_s``;
+then stop the rest WITHOUT writing a terminal event
 and release their pending entries (meta ``token`` check, then ``XCLAIM ... IDLE <lease>
 JUSTID`` on the jobs stream: :meth:`worker.lease.Leases.release`), so another worker
 reclaims them at once and either retries (only ``stream.start`` stored) or writes
@@ -36,13 +38,15 @@ from collections.abc import Callable
 import aiohttp
 import redis.exceptions
 
-from infra.redis_client import RedisClient
-from infra.redis_faults import fault_fields, fault_kind
+from infra.redis_client import REDIS_ERRORS, RedisClient
+from infra.redis_faults import fault_fields, fault_kind, redis_error_fields
 from infra.storage import RetryPolicy
 from schema.keys import Keys
 from schema.upstreams import Upstreams
 from worker.appender import Appender
+from worker.background import drain_handing_over
 from worker.cancel import CancelListener
+from worker.compactor import Compactor
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
@@ -104,7 +108,9 @@ class Worker:
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
                             wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,
-                            live_max_bytes=settings.live_max_bytes, live_pubsub=settings.live_pubsub)
+                            live_max_bytes=settings.live_max_bytes, live_pubsub=settings.live_pubsub,
+                            compactor=Compactor(redis, keys, grace_s=settings.compact_grace_s,
+                                                run_deltas=settings.compact_run_deltas))
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
@@ -128,6 +134,7 @@ class Worker:
         await self.intake.ensure_groups()
         mode = await self.ctx.appender.live()  # decided once, as the publishers decide it
         listener = asyncio.create_task(self.cancels.run())
+        sweeper = asyncio.create_task(self._sweep_loop(stop), name="compaction-sweep")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cancels.ready.wait(), timeout=5.0)
         self.ready.set()
@@ -137,10 +144,24 @@ class Worker:
             await self._intake_loop(stop)
             await self._drain()
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            for task in (listener, sweeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         log.info("event=worker_stop consumer=%s", self.consumer)
+
+    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+        """Compact the finished streams whose grace ended, every ``FANOUT_COMPACT_SWEEP_S``."""
+        compactor = self.ctx.appender.compactor
+        if compactor is None or compactor.grace_s < 0:
+            return
+        while not stop.is_set():
+            try:
+                await compactor.sweep()
+            except REDIS_ERRORS as exc:
+                log.warning("event=compaction_sweep_failed %s", redis_error_fields(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.compact_sweep_s)
 
     async def _intake_loop(self, stop: asyncio.Event) -> None:
         """Keep one reader per jobs stream in use (re-read every SHARD_REFRESH_S) until ``stop``."""
@@ -257,7 +278,7 @@ class Worker:
         if not tasks:
             return
         log.info("event=drain_start running=%d drain_s=%.1f", len(tasks), self.settings.drain_s)
-        _done, pending = await asyncio.wait(tasks, timeout=self.settings.drain_s)
+        pending = await drain_handing_over(self.runs, tasks, self.settings.drain_s)
         if not pending:
             return
         log.warning("event=drain_expired stopping=%d action=leave_pending", len(pending))

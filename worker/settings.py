@@ -110,8 +110,16 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream ``P:done``."""
     live_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
-    """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
+    """Largest batch (its events' compact stored bytes + 1 per event) whose events ride on the live
     notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
+    compact_grace_s: float = 10.0
+    """How long after its terminal event a finished stream is compacted (its deltas rewritten as
+    one entry per block run, losslessly: :mod:`worker.compactor`), seconds; short, so most
+    reloads read the compacted form. Negative: never compact."""
+    compact_run_deltas: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 512
+    """Most deltas one compacted entry holds (a reader expands at most this many for one entry)."""
+    compact_sweep_s: _Positive = 1.0
+    """How often each worker looks for streams whose compaction is due, seconds."""
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
     """Largest SSE frame, JSON-array element or AWS event-stream message (Bedrock) accepted from a provider;
     past it ``failed``/``protocol``."""
