@@ -76,7 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tools.demo.run", "run the whole stack locally on recorded transcripts"),
     "export": ("tools.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
     "health": ("tools.health",
-               "exit 0 when Redis (and FANOUT_HEALTH_URL, if set) answer: the container check"),
+               "exit 0 when Redis at REDIS_URL (and FANOUT_HEALTH_URL, if set) answer: the container check"),
     "upstreams": ("tools.upstreams_cli",
                   "list the endpoints and routes of FANOUT_UPSTREAMS_FILE (or today's variables), no secrets"),
 }

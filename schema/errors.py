@@ -42,6 +42,8 @@ they stay outside :class:`FanoutError` (and carry no contract category)::
     Exception
     ├── Stopped                       worker.control: the job's Stopper fired (cancel, fenced, lost, shutdown)
     ├── RetryAttempt                  worker.attempt: an attempt failed retryably before any output was stored
+    ├── ReplayLost                    worker.reattach: a background response cannot be re-read: worker_lost
+    ├── ReplayDisagrees               worker.reattach: a re-read event differs from the stored one at its seq
     └── TailEndedError                publisher.api.durable_live: a live Durable Streams read ends (gap, reset, closed)
         └── _StopAfterError           publisher.api.durable_live: hand out these entries, then end the read
 

@@ -3,7 +3,7 @@
 See :mod:`tools.export` for the rows and the consumer-group protocol. NDJSON goes to
 ``--output FILE`` (appended; a line cut by a crash is removed before the rerun writes
 again) or ``-`` (stdout). Parquet (``--format parquet``, needs the ``parquet`` extra:
-``pip install 'fanout[parquet]'``) goes to a directory: each batch is one
+``pip install -e '.[parquet]'`` in a checkout) goes to a directory: each batch is one
 ``summaries/part-*.parquet`` and one ``events/part-*.parquet``, each renamed into place
 once complete. Exit status: 0 caught up (or stopped by SIGINT/SIGTERM with ``--follow``),
 1 Redis or the output failed (nothing acknowledged is lost; the message says whether a rerun
@@ -165,7 +165,8 @@ def _open_sink(args: argparse.Namespace) -> NdjsonSink | ParquetSink:
     try:
         return ParquetSink(args.output) if args.format == "parquet" else NdjsonSink(args.output)
     except ImportError:
-        raise CommandError("--format parquet needs pyarrow: pip install 'fanout[parquet]'") from None
+        raise CommandError("--format parquet needs pyarrow, the parquet extra: pip install -e '.[parquet]' "
+                           "in the fanout checkout") from None
     except OSError as exc:
         raise CommandError(f"cannot open {args.output}: {exc.strerror}") from None
 
@@ -174,6 +175,11 @@ def _redis_failure(url: str, exc: Exception, *, cluster: bool) -> str:
     """Word a Redis failure of the export (nothing acknowledged is lost either way)."""
     if mismatch := cluster_mode_mismatch(exc, cluster):
         return f"cannot use Redis at {redact_url(url)}: {mismatch}; nothing acknowledged is lost"
+    from infra.redis_faults import refuses_the_url  # noqa: PLC0415 - only when wording a failure
+    from schema.cli import redis_refused  # noqa: PLC0415
+
+    if refuses_the_url(exc):  # a wrong password or database: running again cannot help
+        return f"{redis_refused(url, exc, source='REDIS_URL or --redis-url').message}; nothing acknowledged is lost"
     reason = str(exc).rstrip(". ")
     return f"Redis at {redact_url(url)} failed: {reason}; nothing acknowledged is lost, run again"
 

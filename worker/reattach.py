@@ -56,6 +56,7 @@ from yarl import URL
 
 from schema.contract import Event, StreamError, encode_event
 from schema.errors import FanoutError, UpstreamError, UpstreamProtocolError
+from schema.stored_entries import entry_jsons
 from worker.attempt import Attempt, RetryAttempt
 from worker.background import BackgroundState, cursor_pipeline, response_request, stored_state
 from worker.control import Deadline
@@ -182,7 +183,8 @@ async def _stored_events(run: JobRun, last_seq: int) -> dict[int, bytes]:
     """Return the stored event JSON by seq, from seq 2 to ``last_seq``."""
     appender = run.ctx.appender
     raw: Any = await appender.redis.xrange(appender.keys.events(run.job.stream_id), "0-2", f"0-{last_seq}")
-    return {int(_text(entry_id).split("-")[1]): bytes(fields[b"e"]) for entry_id, fields in raw}
+    stream_id = run.job.stream_id
+    return {seq: data for entry_id, fields in raw for seq, data in entry_jsons(stream_id, entry_id, fields)}
 
 
 def _text(value: bytes | str) -> str:
