@@ -10,8 +10,8 @@ without ``live`` is a catch-up read (one page, at most ``FANOUT_READ_PAGE`` even
 ==============================================================  ======================
 situation                                                       answer
 ==============================================================  ======================
-``offset`` repeated, empty or malformed; ``live`` unknown;      400 ``invalid-position``
-a live read without ``offset``                                  / ``invalid-field``
+``offset`` repeated, empty or malformed; ``live`` unknown or    400 ``invalid-position``
+repeated; a live read without ``offset``                        / ``invalid-field``
 no meta, no events, no tombstone                                404 ``not-found``
 offset of another generation (the stream was written again)     410 ``history-reset``
 events expired (tombstone only) and offset not its last seq     410 ``history-expired``
@@ -41,7 +41,6 @@ from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.state import FAIR_SHARES, STORE
 from publisher.wire.durable import (
-    BEGINNING,
     CACHEABLE,
     NO_STORE,
     NOW,
@@ -91,7 +90,7 @@ async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Q
         state = ReadState(format_offset(reader.cursor, epoch), up_to_date=len(entries) == len(page) < store.page,
                           closed=bool(entries) and entries[-1].terminal)
         tag = entity_tag(scope, query.offset, state)
-        cache = CACHEABLE if entries and query.offset != BEGINNING else NO_STORE
+        cache = CACHEABLE if entries and start.seq > 0 else NO_STORE  # from seq 0 (-1 or 0000...): a start
         headers = read_headers(state, cache_control=cache, etag=tag)
         if request.headers.get("If-None-Match") == tag:
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})

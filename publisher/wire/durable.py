@@ -61,8 +61,8 @@ MAX_JITTER_S: Final = 3600
 """Most jitter added to a cursor the client already holds, seconds (section 10.1)."""
 
 _EPOCH: Final = EPOCH_PATTERN.strip("^$")
-_OFFSET: Final = re.compile(rf"(\d{{{OFFSET_DIGITS}}})(?:\.({_EPOCH}))?")
-_CURSOR: Final = re.compile(rf"\d{{1,{MAX_CURSOR_DIGITS}}}")
+_OFFSET: Final = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})(?:\.({_EPOCH}))?")
+_CURSOR: Final = re.compile(rf"[0-9]{{1,{MAX_CURSOR_DIGITS}}}")
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -100,8 +100,8 @@ def parse_offset(raw: str) -> Offset | Literal["now"]:
         ``"now"`` for the tail sentinel; else the position (``-1`` is seq 0, no epoch).
 
     Raises:
-        OffsetError: Anything else (empty, other characters, another length): the
-            protocol's ``400 Bad Request`` for a malformed offset.
+        OffsetError: Anything else (empty, other characters, non-ASCII digits, another
+            length): the protocol's ``400 Bad Request`` for a malformed offset.
     """
     if raw == NOW:
         return NOW
