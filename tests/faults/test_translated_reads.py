@@ -1,21 +1,26 @@
-"""/agui and /durable read by hostile and slow clients: what the breaker round on the translated routes found.
+"""/agui and /durable read by hostile and slow clients and across Redis faults (docs/faults.md, "Translated reads").
 
-A real ``fanout publisher`` on a private Redis, clients on raw sockets (docs/faults.md,
-"Translated reads"):
+A real ``fanout publisher`` on a private Redis, clients on raw sockets or aiohttp:
 
-* a client that reads steadily, but slower than ``FANOUT_READER_BUDGET_BYTES`` per
-  ``FANOUT_READER_STALL_MS``, gets a history page larger than its budget through ``/agui``
-  and ``/durable?live=sse`` in one response, as it does through ``/events`` (the page is
-  written in slices, each waiting on its own; a whole page written at once was one wait
-  past the stall time: the client was dropped on every try and never got past that page);
-* a client that stops reading is still dropped over its budget, and resumes;
-* a Durable Streams offset is ASCII digits only: Unicode digits (Arabic-Indic, fullwidth)
-  are a ``400``, not another spelling of a seq.
+* a client that reads steadily but slowly gets a history page four times
+  ``FANOUT_READER_BUDGET_BYTES`` through ``/agui``, ``/durable?live=sse`` and ``/events``
+  in one response; one that stops reading is dropped over its budget and resumes;
+* a Durable Streams offset is ASCII digits only (Unicode digits were read as a seq), ``live``
+  is given once, and a catch-up read from seq 0 is ``no-store`` as one from ``-1`` is;
+* live reads of one token share its limit (the fourth long-poll is a ``429``), catch-up
+  reads hold none; a long-poll open when Redis dies ends by its wait, and every read of a
+  dead Redis is a ``503`` with ``Retry-After`` (it had none);
+* a ``public`` token resumed at every position, inside internal reasoning blocks too, never
+  gets internal reasoning from ``/agui`` or any ``/durable`` mode;
+* a stream written again mid-read ends a durable SSE read with nothing of the new
+  generation and an ``/agui`` read with ``RUN_ERROR history_reset``; the resume is a ``410``,
+  and so is a read of trimmed history.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from urllib.parse import quote
 
@@ -23,12 +28,14 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from publisher.live.notification import encode_notification
+from schema.contract import encode_event
 from schema.keys import Keys
 from tests.faults.conftest import StartPublisher
 from tests.faults.polling import until
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, StallClient
-from tests.faults.streams import Writer, text_script
+from tests.faults.streams import Writer, reasoning_script, text_script
 from tests.publisher.helpers import token_for
 from tests.redis_servers import RedisServer
 
@@ -153,3 +160,100 @@ async def test_durable_parameters_are_ascii_and_given_once(
     assert start_cache == (200, "no-store")  # the stream's start, as from -1: it can be written again
     assert chunk_cache[1].startswith("private, max-age=")
     assert log_problems(publisher.log()) == []
+
+
+async def test_live_reads_share_the_token_limit_and_a_dead_redis_is_a_503_with_retry_after(
+        server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
+    publisher = await start_publisher(server.url, keys.prefix, FANOUT_MAX_CONNECTIONS_PER_TOKEN=3,
+                                      FANOUT_DURABLE_LONG_POLL_S=5, FANOUT_BUSY_RETRY_AFTER_S=7)
+    writer = Writer(client, keys)
+    await writer.meta(SID, epoch="e1")
+    await writer.store(text_script(SID, 5).events)
+    auth, base = {"Authorization": f"Bearer {token_for(SID)}"}, f"{publisher.base}/v1/streams/{SID}"
+    poll = f"{base}/durable?offset=0000000000000005.e1&live=long-poll"
+
+    async def answer(http: aiohttp.ClientSession, method: str, url: str) -> tuple[int, str | None]:
+        async with http.request(method, url, headers=auth) as resp:
+            await resp.read()
+            return resp.status, resp.headers.get("Retry-After")
+
+    async with aiohttp.ClientSession() as http:
+        polls = await asyncio.gather(*(answer(http, "GET", poll) for _ in range(4)))  # each waits 5 s: all overlap
+        caught_up = await answer(http, "GET", f"{base}/durable?offset=-1")  # a catch-up read holds no connection
+        held = asyncio.create_task(answer(http, "GET", poll))
+        await asyncio.sleep(0.3)  # not an outcome: the long-poll is more likely waiting when Redis dies
+        server.kill()
+        dead_poll = await held  # ends by its wait at the latest; never hangs on the dead server
+        dead = [await answer(http, method, url) for method, url in
+                [("GET", poll), ("GET", f"{base}/durable?offset=-1"), ("HEAD", f"{base}/durable"),
+                 ("GET", f"{base}/agui")]]
+    assert sorted(polls) == [(204, None)] * 3 + [(429, "30")]  # the fourth: past the token's share
+    assert caught_up[0] == 200
+    assert dead_poll[0] in (204, 503)
+    assert dead == [(503, "7")] * 4
+
+
+async def test_a_public_token_resumed_anywhere_never_gets_internal_reasoning(
+        server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
+    script = reasoning_script(SID, random.Random(26), blocks=6, max_deltas=3)
+    assert script.hidden, "the script holds an internal reasoning block"
+    publisher = await start_publisher(server.url, keys.prefix, FANOUT_READ_PAGE=4)
+    await Writer(client, keys).meta(SID, epoch="e1")
+    await Writer(client, keys).store(script.events)
+    public, base = {"Authorization": f"Bearer {token_for(SID, 'public')}"}, f"{publisher.base}/v1/streams/{SID}"
+    leaks: list[tuple[str, int]] = []
+    async with aiohttp.ClientSession() as http:
+        for seq in range(script.top):  # every position, those inside internal blocks too (an internal token's ids)
+            last_id = {"Last-Event-ID": f"{seq}.e1"} if seq else {}
+            offset = f"{seq:016d}.e1" if seq else "-1"
+            for path, headers in ((f"{base}/agui", last_id), (f"{base}/durable?offset={offset}", {}),
+                                  (f"{base}/durable?offset={offset}&live=long-poll", {}),
+                                  (f"{base}/durable?offset={offset}&live=sse", {})):
+                async with http.get(path, headers={**public, **headers}) as resp:
+                    body = await resp.read()
+                    assert resp.status == 200, (path, seq, resp.status, body[:200])
+                if b"SECRET" in body or b'"internal"' in body:
+                    leaks.append((path, seq))
+    assert leaks == []
+    assert log_problems(publisher.log()) == []
+
+
+async def test_history_written_again_or_trimmed_mid_read_ends_the_read_and_the_resume_is_a_410(
+        server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
+    publisher = await start_publisher(server.url, keys.prefix, FANOUT_HEARTBEAT_S=1)
+    writer = Writer(client, keys)
+    await writer.meta(SID, epoch="e1")
+    await writer.store(text_script(SID, 5).events)
+    auth, base = {"Authorization": f"Bearer {token_for(SID)}"}, f"{publisher.base}/v1/streams/{SID}"
+
+    async with aiohttp.ClientSession() as http:
+        async def read(url: str, headers: dict[str, str]) -> bytes:
+            async with http.get(url, headers={**auth, **headers}) as resp:
+                assert resp.status == 200
+                return await resp.read()
+
+        sse = asyncio.create_task(read(f"{base}/durable?offset=0000000000000005.e1&live=sse", {}))
+        agui = asyncio.create_task(read(f"{base}/agui", {"Last-Event-ID": "5.e1"}))
+        await asyncio.sleep(0.3)  # not an outcome: both are more likely live when the stream is written again
+        await client.delete(keys.events(SID))
+        again = text_script(SID, 8).events
+        await writer.meta(SID, epoch="e2")
+        await writer.store(again)
+        await client.publish(keys.live(SID), encode_notification(1, [encode_event(e) for e in again], 1 << 16, b"e2"))
+        async with asyncio.timeout(GUARD_S):
+            sse_body, agui_body = await sse, await agui
+        async with http.get(f"{base}/durable?offset=0000000000000005.e1&live=sse", headers=auth) as resp:
+            resumed = resp.status, (await resp.json())["type"].rsplit("/", 1)[-1]
+        await client.xtrim(keys.events(SID), minid="0-4", approximate=False)
+        async with http.get(f"{base}/durable?offset=0000000000000001.e2", headers=auth) as resp:
+            trimmed = resp.status, (await resp.json())["type"].rsplit("/", 1)[-1]
+        async with http.get(f"{base}/agui", headers=auth) as resp:
+            agui_trimmed = resp.status
+    assert b'"seq":6' not in sse_body  # nothing of the new generation as the old one
+    assert b"e2" not in sse_body
+    assert agui_body.rstrip().endswith(b'"code":"history_reset","message":"the stream was written again as another '
+                                       b'generation; read it again from the start (no Last-Event-ID)"}')
+    assert b"id: 6" not in agui_body
+    assert resumed == (410, "history-reset")
+    assert trimmed == (410, "history-trimmed")
+    assert agui_trimmed == 410  # /agui replays from seq 1: trimmed history cannot be translated
