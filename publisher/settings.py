@@ -161,6 +161,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Key prefix of the deployment (schema.keys)."""
     redis_cluster: bool = False
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
+    upstreams_file: str = ""
+    """``FANOUT_UPSTREAMS_FILE``: the workers' upstreams file (TOML); submissions are checked
+    against it (a job's ``endpoint`` or ``model`` route must serve its ``provider``, else 400). A
+    mistake in it stops the publisher at start (exit 2). Secrets are not read here."""
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: pub/sub of the live channels; ``auto`` is sharded on a Redis 7
     cluster, classic elsewhere (:func:`infra.live_pubsub.live_mode`); workers must agree."""

@@ -52,6 +52,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The events read ran 1, 2, ... without a hole."""
     read_seq: int
     """The last seq read (0: none)."""
+    endpoint: str | None = None
+    """The result's ``endpoint``: the upstreams-file endpoint that answered (contract 1.1), if any."""
 
 
 class _Assembly:
@@ -93,7 +95,8 @@ class _Assembly:
         assert self.assembler is not None
         result = self.assembler.result()
         body = msgspec.json.encode(result)
-        self.snapshot = Snapshot(body=body, status=result.status, whole=self.whole, read_seq=self.read_seq)
+        self.snapshot = Snapshot(body=body, status=result.status, whole=self.whole, read_seq=self.read_seq,
+                                 endpoint=result.endpoint)
         if result.status != "running":
             self.assembler = None
         self.size = ENTRY_BYTES + len(body) + (self.applied * EVENT_BYTES if self.assembler is not None else 0)

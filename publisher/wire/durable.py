@@ -29,6 +29,7 @@ from typing import Final, Literal, NamedTuple
 import msgspec
 
 from schema.contract import EPOCH_PATTERN
+from schema.errors import ClientError
 
 OFFSET_DIGITS: Final = 16
 """Digits of the seq inside an offset: every seq up to 2**53 (JavaScript's safe integers) fits."""
@@ -66,7 +67,7 @@ _CURSOR: Final = re.compile(rf"[0-9]{{1,{MAX_CURSOR_DIGITS}}}")
 _encoder: Final = msgspec.json.Encoder()
 
 
-class OffsetError(ValueError):
+class OffsetError(ClientError):
     """A client offset is neither a sentinel nor one this server mints: answer 400."""
 
 
