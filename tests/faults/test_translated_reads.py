@@ -29,13 +29,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from publisher.live.notification import encode_notification
-from schema.contract import encode_event
+from schema.contract import Event, encode_event
 from schema.keys import Keys
 from tests.faults.conftest import StartPublisher
 from tests.faults.polling import until
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, StallClient
-from tests.faults.streams import Writer, reasoning_script, text_script
+from tests.faults.streams import Writer, live_deltas, reasoning_script, text_script
 from tests.publisher.helpers import token_for
 from tests.redis_servers import RedisServer
 
@@ -133,6 +133,10 @@ async def _drops(publisher: PublisherProcess) -> bool:
     return await publisher.metric("fanout_sse_budget_drops_total") >= 1
 
 
+HOSTILE_OFFSETS = {"": 400, "NOW": 400, "-2": 400, "%00": 400, "0" * 15: 400, "0" * 17: 400, "+000000000000005": 400,
+                   "0000000000000005.": 400, "0000000000000005.ZZ": 400, "0000000000000005.e1.e1": 400,
+                   "0000000000000005 ": 400, "1" * 16: 410, "0000000000000005.other": 410}
+"""Offsets no server mints, and what each gets (``410``: well-formed, but past the top or of another generation)."""
 UNICODE_OFFSETS = ["000000000000000\u0663", "\u0660" * 15 + "\u0665", "\uff10" * 15 + "5", "\u0663" * 16 + ".e1"]
 """Seq digits a regex's ``\\d`` and ``int()`` take but no server mints: Arabic-Indic and fullwidth."""
 
@@ -148,14 +152,27 @@ async def test_durable_parameters_are_ascii_and_given_once(
         for offset in UNICODE_OFFSETS:
             for live in ("", "&live=long-poll", "&live=sse"):
                 async with http.get(f"{base}?offset={quote(offset)}{live}", headers=auth) as resp:
-                    answers.append((offset, live, resp.status, (await resp.json())["type"].rsplit("/", 1)[-1]))
+                    slug = (await resp.json())["type"].rsplit("/", 1)[-1]
+                    answers.append((offset, live, resp.status, slug, (400, "invalid-position")))
+        for offset, status in HOSTILE_OFFSETS.items():
+            for live in ("", "&live=long-poll", "&live=sse"):
+                async with http.get(f"{base}?offset={quote(offset, safe='%')}{live}", headers=auth) as resp:
+                    answers.append((offset, live, resp.status, resp.content_type, status))
+        for method in ("OPTIONS", "TRACE", "PROPFIND", "POST", "PUT", "DELETE", "PATCH"):
+            for path in (base, base.replace("/durable", "/agui")):
+                async with http.request(method, path, headers=auth) as resp:
+                    answers.append((method, path, resp.status, resp.content_type, 405))
+        async with http.get(base, headers={"Authorization": f"Bearer {token_for('st_other')}"}) as resp:
+            answers.append(("other token", "", resp.status, resp.content_type, 403))
         async with http.get(f"{base}?offset=-1&live=sse&live=long-poll", headers=auth) as resp:
             twice = resp.status, (await resp.json())["type"].rsplit("/", 1)[-1], resp.headers["X-Content-Type-Options"]
         async with http.get(f"{base}?offset=0000000000000000", headers=auth) as resp:
             start_cache = resp.status, resp.headers["Cache-Control"]
         async with http.get(f"{base}?offset=0000000000000002.e1", headers=auth) as resp:
             chunk_cache = resp.status, resp.headers["Cache-Control"]
-    assert {answer[2:] for answer in answers} == {(400, "invalid-position")}, answers
+    wrong = [answer for answer in answers if answer[2:4] != answer[4] and
+             (answer[2], answer[3]) != (answer[4], "application/problem+json")]
+    assert wrong == []
     assert twice == (400, "invalid-field", "nosniff")
     assert start_cache == (200, "no-store")  # the stream's start, as from -1: it can be written again
     assert chunk_cache[1].startswith("private, max-age=")
@@ -180,6 +197,14 @@ async def test_live_reads_share_the_token_limit_and_a_dead_redis_is_a_503_with_r
     async with aiohttp.ClientSession() as http:
         polls = await asyncio.gather(*(answer(http, "GET", poll) for _ in range(4)))  # each waits 5 s: all overlap
         caught_up = await answer(http, "GET", f"{base}/durable?offset=-1")  # a catch-up read holds no connection
+        through_kill = asyncio.create_task(http.get(poll, headers=auth))
+        await asyncio.sleep(0.3)  # not an outcome: the long-poll is more likely waiting when its channel is cut
+        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        sixth = live_deltas(SID, 6, 1)
+        await until(lambda: _published(client, keys, sixth), "the sixth event heard by a resubscribed hub")
+        async with await through_kill as resp:
+            killed_channel = resp.status, [event["seq"] for event in await resp.json()]
+        poll = f"{base}/durable?offset=0000000000000006.e1&live=long-poll"
         held = asyncio.create_task(answer(http, "GET", poll))
         await asyncio.sleep(0.3)  # not an outcome: the long-poll is more likely waiting when Redis dies
         server.kill()
@@ -189,6 +214,7 @@ async def test_live_reads_share_the_token_limit_and_a_dead_redis_is_a_503_with_r
                  ("GET", f"{base}/agui")]]
     assert sorted(polls) == [(204, None)] * 3 + [(429, "30")]  # the fourth: past the token's share
     assert caught_up[0] == 200
+    assert killed_channel == (200, [6])
     assert dead_poll[0] in (204, 503)
     assert dead == [(503, "7")] * 4
 
@@ -277,3 +303,11 @@ async def test_a_stalled_client_of_a_durable_answer_is_dropped_over_its_budget(
         await until(lambda: _drops(publisher), "the stalled reader dropped over its budget", guard_s=5)
     finally:
         stalled.close()
+
+
+async def _published(client: aioredis.Redis, keys: Keys, events: list[Event]) -> bool:
+    """Store ``events`` once, then publish their notification until a subscriber (the hub, back) hears it."""
+    if not await client.exists(keys.events(SID)) or await client.xlen(keys.events(SID)) < events[-1].seq:
+        await Writer(client, keys).store(events)
+    payload = encode_notification(events[0].seq, [encode_event(e) for e in events], 1 << 16, b"e1")
+    return int(await client.publish(keys.live(SID), payload)) > 0
