@@ -34,6 +34,7 @@ from aiohttp import web
 from publisher.api.auth import authorize_read
 from publisher.api.durable_live import serve_live
 from publisher.api.durable_read import Query, contiguous, messages, parse_query, resolve
+from publisher.api.durable_write import send_answer
 from publisher.api.limits import path_stream_id
 from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
@@ -72,7 +73,7 @@ async def stream_durable(request: web.Request) -> web.StreamResponse:
         raise
 
 
-async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Query) -> web.Response:
+async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Query) -> web.StreamResponse:
     claim = request.app[FAIR_SHARES].claim(request, "status")
     try:
         store = request.app[STORE]
@@ -94,7 +95,7 @@ async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Q
         headers = read_headers(state, cache_control=cache, etag=tag)
         if request.headers.get("If-None-Match") == tag:
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
-        return web.Response(body=body, headers=headers)
+        return await send_answer(request, body, headers)
     finally:
         claim.release()
 
