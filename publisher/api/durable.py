@@ -50,6 +50,7 @@ from publisher.wire.durable import (
     entity_tag,
     format_offset,
     json_array,
+    none_match,
     read_headers,
 )
 
@@ -93,7 +94,7 @@ async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Q
         tag = entity_tag(scope, query.offset, state)
         cache = CACHEABLE if entries and start.seq > 0 else NO_STORE  # from seq 0 (-1 or 0000...): a start
         headers = read_headers(state, cache_control=cache, etag=tag)
-        if request.headers.get("If-None-Match") == tag:
+        if none_match(request.headers.get("If-None-Match"), tag):
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
         return await send_answer(request, body, headers)
     finally:

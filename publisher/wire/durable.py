@@ -206,3 +206,17 @@ def entity_tag(scope: str, start: str, state: ReadState) -> str:
     ``:c`` suffix makes the tag change when the stream closes (section 10.1).
     """
     return f'"{scope}:{start}:{state.next_offset}{":c" if state.closed else ""}"'
+
+
+def none_match(header: str | None, tag: str) -> bool:
+    """Return whether an ``If-None-Match`` header names ``tag`` (the answer is then ``304``).
+
+    RFC 9110, section 13.1.2: ``*`` matches any current representation; otherwise the
+    header is a comma-separated list of entity tags, compared weakly (a ``W/`` prefix,
+    which a proxy adds when it transforms a body, is ignored on both sides).
+    """
+    if header is None:
+        return False
+    if header.strip() == "*":
+        return True
+    return tag.removeprefix("W/") in (part.strip().removeprefix("W/") for part in header.split(","))

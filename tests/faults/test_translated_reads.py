@@ -7,7 +7,8 @@ A real ``fanout publisher`` on a private Redis, clients on raw sockets or aiohtt
   in one response; one that stops reading is dropped over its budget and resumes, also
   from a catch-up or long-poll answer (it was held, unsent, outside every budget);
 * a Durable Streams offset is ASCII digits only (Unicode digits were read as a seq), ``live``
-  is given once, and a catch-up read from seq 0 is ``no-store`` as one from ``-1`` is;
+  is given once, a catch-up read from seq 0 is ``no-store`` as one from ``-1`` is, and
+  ``If-None-Match`` is a list compared weakly (a proxy's ``W/`` tag was never a ``304``);
 * live reads of one token share its limit (the fourth long-poll is a ``429``), catch-up
   reads hold none; a long-poll open when Redis dies ends by its wait, and every read of a
   dead Redis is a ``503`` with ``Retry-After`` (it had none);
@@ -170,13 +171,19 @@ async def test_durable_parameters_are_ascii_and_given_once(
         async with http.get(f"{base}?offset=0000000000000000", headers=auth) as resp:
             start_cache = resp.status, resp.headers["Cache-Control"]
         async with http.get(f"{base}?offset=0000000000000002.e1", headers=auth) as resp:
-            chunk_cache = resp.status, resp.headers["Cache-Control"]
+            chunk_cache, tag = (resp.status, resp.headers["Cache-Control"]), resp.headers["ETag"]
+        revalidated = []
+        for none_match in (f"W/{tag}", f'"other", {tag}', "*", '"other"', tag[:-2] + '"'):
+            async with http.get(f"{base}?offset=0000000000000002.e1",
+                                headers={**auth, "If-None-Match": none_match}) as resp:
+                revalidated.append(resp.status)
     wrong = [answer for answer in answers if answer[2:4] != answer[4] and
              (answer[2], answer[3]) != (answer[4], "application/problem+json")]
     assert wrong == []
     assert twice == (400, "invalid-field", "nosniff")
     assert start_cache == (200, "no-store")  # the stream's start, as from -1: it can be written again
     assert chunk_cache[1].startswith("private, max-age=")
+    assert revalidated == [304, 304, 304, 200, 200]  # RFC 9110 13.1.2: a list, weak comparison, *
     assert log_problems(publisher.log()) == []
 
 
