@@ -14,6 +14,8 @@ A real ``fanout publisher`` on a private Redis, clients on raw sockets or aiohtt
   dead Redis is a ``503`` with ``Retry-After`` (it had none);
 * a ``public`` token resumed at every position, inside internal reasoning blocks too, never
   gets internal reasoning from ``/agui`` or any ``/durable`` mode;
+* two tool calls with one provider id and one without get three ids on ``/agui`` and ``/ui``,
+  the same after a resume at every position;
 * a stream written again mid-read ends a durable SSE read with nothing of the new
   generation and an ``/agui`` read with ``RUN_ERROR history_reset``; the resume is a ``410``,
   and so is a read of trimmed history.
@@ -22,6 +24,7 @@ A real ``fanout publisher`` on a private Redis, clients on raw sockets or aiohtt
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 from urllib.parse import quote
@@ -31,14 +34,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from publisher.live.notification import encode_notification
-from schema.contract import Event, encode_event
+from schema.contract import BlockDelta, BlockRef, BlockStart, BlockStop, Delta, Event, ToolInfo, encode_event
 from schema.keys import Keys
 from tests.faults.conftest import StartPublisher
 from tests.faults.polling import until
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, StallClient
 from tests.faults.streams import Writer, live_deltas, reasoning_script, text_script
-from tests.publisher.helpers import token_for
+from tests.publisher.helpers import done, start, token_for
 from tests.redis_servers import RedisServer
 
 pytestmark = pytest.mark.faults
@@ -320,3 +323,39 @@ async def _published(client: aioredis.Redis, keys: Keys, events: list[Event]) ->
         await Writer(client, keys).store(events)
     payload = encode_notification(events[0].seq, [encode_event(e) for e in events], 1 << 16, b"e1")
     return int(await client.publish(keys.live(SID), payload)) > 0
+
+
+def _calls_script() -> list[Event]:
+    """Three parallel tool calls, two with the provider's id ``dup`` and one with none, completed."""
+    events: list[Event] = [start(SID)]
+    for index, call_id in enumerate(["dup", "dup", ""]):
+        block = BlockRef(id=f"b{index}", index=index, kind="tool_call")
+        seq = len(events) + 1
+        events += [BlockStart(stream_id=SID, seq=seq, ts=1, block=block, tool=ToolInfo(call_id=call_id, name="f")),
+                   BlockDelta(stream_id=SID, seq=seq + 1, ts=1, block=block, delta=Delta(kind="json_text", text="{}")),
+                   BlockStop(stream_id=SID, seq=seq + 2, ts=1, block=block)]
+    return [*events, done(SID, len(events) + 1)]
+
+
+async def test_tool_call_ids_are_unique_and_the_same_after_a_resume_at_every_position(
+        server: RedisServer, client: aioredis.Redis, keys: Keys, start_publisher: StartPublisher) -> None:
+    events = _calls_script()
+    publisher = await start_publisher(server.url, keys.prefix, FANOUT_READ_PAGE=2)
+    await Writer(client, keys).meta(SID, epoch="e1")
+    await Writer(client, keys).store(events)
+    auth, base = {"Authorization": f"Bearer {token_for(SID)}"}, f"{publisher.base}/v1/streams/{SID}"
+    resumed: list[set[str]] = []
+    async with aiohttp.ClientSession() as http:
+        async def call_ids(path: str, headers: dict[str, str]) -> set[str]:
+            async with http.get(f"{base}/{path}", headers={**auth, **headers}) as resp:
+                assert resp.status == 200
+                lines = (await resp.read()).split(b"\n")
+            data = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+            return {event["toolCallId"] for event in data if "toolCallId" in event}
+
+        whole = {path: await call_ids(path, {}) for path in ("agui", "ui")}
+        for seq in range(1, events[-1].seq - 1):
+            resumed.append(await call_ids("agui", {"Last-Event-ID": f"{seq}.e1"}))
+    assert whole["agui"] == whole["ui"] == {"dup", "dup~1", "call~2"}
+    assert all(ids <= whole["agui"] for ids in resumed)  # a resume names the same calls, never new ids
+    assert resumed[-1] == whole["agui"]  # the calls' ends, all held back to the stream's end
