@@ -4,7 +4,8 @@ The result is the reducer's (schema.reducer) over the stored events the reader m
 a ``public`` reader's result has no internal reasoning block. It is assembled once per
 stream, projection and epoch, shared by concurrent requests and kept
 (:mod:`publisher.api.status_cache`); a credential has at most ``FANOUT_MAX_STATUS_READS_PER_*``
-requests in flight (:mod:`publisher.api.fair_share`, 429 past it). Cancel follows the
+requests in flight and makes at most ``FANOUT_STATUS_READ_RATE_PER_*`` a second
+(:mod:`publisher.api.fair_share`, 429 past either). Cancel follows the
 protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
 on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
 
@@ -74,12 +75,13 @@ async def stream_status(request: web.Request) -> web.StreamResponse:
 
     Raises:
         ProblemError: 401/403 (credentials), 404 (unknown stream), 429 (the credential's
-            ``FANOUT_MAX_STATUS_READS_PER_*`` requests are in flight).
+            ``FANOUT_MAX_STATUS_READS_PER_*`` requests are in flight, or its
+            ``FANOUT_STATUS_READ_RATE_PER_*`` bucket is empty).
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
     held = _held_epoch(request)
-    claim = request.app[FAIR_SHARES].claim(request, "status")
+    claim = request.app[FAIR_SHARES].claim(request, "status", paced=True)
     try:
         return await send_json(request, await _status_body(request, stream_id, scope, held))
     finally:
