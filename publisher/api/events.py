@@ -40,9 +40,11 @@ from opentelemetry import trace
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.auth import authorize_read
+from publisher.api.caching import Freshness, freshness
 from publisher.api.fair_share import Claim
 from publisher.api.limits import path_stream_id
 from publisher.api.problems import ProblemError
+from publisher.api.snapshot import read_snapshot, wants_snapshot
 from publisher.history.entries import Page
 from publisher.history.store import StreamInfo
 from publisher.history.visibility import Projection, Scope
@@ -228,15 +230,25 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     if early is not None:
         app[TELEMETRY].no_content.add(1)
         return early
-    stream = EventStream(request, claim)
+    snapshot = wants_snapshot(request, position.seq)
+    fresh = await freshness(request, stream_id, info, "events", (scope, position.seq, snapshot),
+                            vary="Authorization, Last-Event-ID", extra="no-transform")
+    if fresh is not None and fresh.matches(request):
+        return fresh.not_modified()
+    stream = EventStream(request, claim, fresh)
     reader = Reader(stream_id, position.seq, app[SETTINGS].client_queue, stream.drop, epoch=reader_epoch(info))
     hub = app[HUB]
     try:
         await hub.join(reader)
+        prelude, final = b"", False
+        if snapshot:  # stands for the history up to its seq: the reader goes on from there
+            prelude, reader.cursor, final, info = await read_snapshot(request, stream_id, scope, info)
+            reader.epoch = reader_epoch(info)
         asked = app[STORE].first_page
-        first = [await app[STORE].read_after(stream_id, position.seq, asked, share=hub.share_key(reader))]  # handed on
+        first = [await app[STORE].read_after(stream_id, reader.cursor, asked, share=hub.share_key(reader))]  # handed on
         await check_first_page(request, info, first[0], reader)
-        await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
+        await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq, prelude=prelude,
+                           final=final)
     except BaseException:
         hub.leave(reader)  # a started event stream leaves the hub when it ends
         raise
@@ -264,20 +276,27 @@ class EventStream(web.StreamResponse):
     place in the hub, its ``FANOUT_MAX_CONNECTIONS`` slot and its credential's place, and
     gives them back when the body ends, however it ends (client gone, cancelled, error).
 
+    A finished stream's response (``cache`` given: :mod:`publisher.api.caching`) that cannot
+    end with the terminal event (a gap, a storage error) is aborted, not ended, so no cache
+    keeps a partial body under its tag.
+
     Args:
         request: The SSE request.
         claim: The request's place under its credential (:mod:`publisher.api.fair_share`).
+        cache: The caching headers of a finished stream's response; ``None``: ``no-store``.
     """
 
-    __slots__ = ("_claim", "_first", "_request", "_session")  # beside aiohttp's __dict__: these do not grow it
+    __slots__ = ("_cache", "_claim", "_final", "_first", "_prelude", "_request", "_session", "_top")
 
-    def __init__(self, request: web.Request, claim: Claim) -> None:
-        super().__init__(status=200, headers=SSE_HEADERS)
+    def __init__(self, request: web.Request, claim: Claim, cache: Freshness | None = None) -> None:
+        super().__init__(status=200, headers=SSE_HEADERS | (cache.headers if cache is not None else {}))
         self._request = request
         self._claim = claim
+        self._cache = cache
         self._session: Session | None = None
         self._first: list[Page] = []
         self._asked = 0
+        self._prelude, self._final, self._top = b"", False, 0
 
     def drop(self) -> None:
         """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
@@ -286,7 +305,7 @@ class EventStream(web.StreamResponse):
             self._request.transport.abort()
 
     async def start(self, reader: Reader, projection: Projection, first: list[Page], *, asked: int,
-                    known_top: int) -> None:
+                    known_top: int, prelude: bytes = b"", final: bool = False) -> None:
         """Send the headers and set up the session; the body follows in :meth:`write_eof`.
 
         Args:
@@ -295,6 +314,8 @@ class EventStream(web.StreamResponse):
             first: ``[page]``: the first history page, checked to start at the cursor + 1.
             asked: The ``COUNT`` that page was read with: a shorter page reached the top.
             known_top: The stored top seq read before the first page.
+            prelude: Sent before the first page (a ``stream.snapshot`` message).
+            final: The prelude ends the stream (a finished stream's snapshot): nothing follows it.
         """
         request, app = self._request, self._request.app
         if request.version >= (1, 1):
@@ -309,6 +330,7 @@ class EventStream(web.StreamResponse):
         app[TELEMETRY].open_connections.add(1)
         settings = app[SETTINGS]
         self._first, self._asked = first, asked
+        self._prelude, self._final, self._top = prelude, final, known_top
         self._session = Session(response=self, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                                 telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
                                 write_timeout_s=settings.write_timeout_s,
@@ -321,19 +343,29 @@ class EventStream(web.StreamResponse):
         if session is not None:
             app = self._request.app
             try:
-                await self.write(retry_frame(app[SETTINGS].sse_retry_ms))
-                await session.run(self._first, self._asked)
+                await self.write(retry_frame(app[SETTINGS].sse_retry_ms) + self._prelude)
+                if not self._final:
+                    await session.run(self._first, self._asked)
+                if self._cache is not None and not self._final and session.reader.cursor < self._top:
+                    raise ConnectionResetError("a finished stream's response cannot end whole")
                 await super().write_eof(data)
             except ConnectionError:
-                pass  # the client left, or its connection was dropped on overflow or a stalled write
+                self._abort_cached()  # the client left, or was dropped on overflow or a stalled write
             except REDIS_ERRORS as exc:  # headers are sent: end the body, the client resumes
                 app[TELEMETRY].redis_error(exc)
                 log.warning("stream %s: storage error mid-response: %s", session.reader.stream_id, exc)
+                self._abort_cached()
             except Exception:  # headers are sent: no problem document is possible any more
                 log.exception("stream %s: unexpected error mid-response", session.reader.stream_id)
+                self._abort_cached()
             finally:
                 app[TELEMETRY].open_connections.add(-1)
                 app[HUB].leave(session.reader)
                 app[GATE].release()
                 self._claim.release()
         await super().write_eof(data)  # done already, or raises ConnectionError when the client is gone
+
+    def _abort_cached(self) -> None:
+        """Abort a cacheable response cut short: a body ended cleanly would look whole to a cache."""
+        if self._cache is not None and self._request.transport is not None:
+            self._request.transport.abort()

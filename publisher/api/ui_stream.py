@@ -45,6 +45,7 @@ from aiohttp import web
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.auth import authorize_read
+from publisher.api.caching import Freshness, freshness
 from publisher.api.events import check_first_page, reader_epoch
 from publisher.api.limits import path_stream_id
 from publisher.api.problems import ProblemError
@@ -54,7 +55,7 @@ from publisher.live.reader import Reader
 from publisher.live.reader_budget import ReaderBudget, Waiting, page_bytes, reset_on_close
 from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.wire.sse import PING
-from publisher.wire.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
+from publisher.wire.ui_chunks import DONE_LINE, DeltaJoiner, UIMessageTranslator, chunk_frame
 from schema.contract import decode_event
 from schema.errors import InternalError
 
@@ -62,11 +63,12 @@ log = logging.getLogger(__name__)
 
 UI_HEADERS: Final = {
     "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache, no-transform",
+    "Cache-Control": "no-store, no-transform",
     "X-Vercel-AI-UI-Message-Stream": "v1",
     "X-Accel-Buffering": "no",
 }
-"""The UI message stream's response headers (the SDK's ``UI_MESSAGE_STREAM_HEADERS``)."""
+"""The UI message stream's response headers (the SDK's ``UI_MESSAGE_STREAM_HEADERS``, but
+``no-store``: a finished stream's say otherwise, :mod:`publisher.api.caching`)."""
 
 _DATA: Final = b"\ndata: "
 
@@ -103,6 +105,9 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
         if not info.known:
             raise ProblemError("history-expired", "the stream ended and its events expired",
                                extensions={"last_seq": info.tomb_last_seq})
+        fresh = await freshness(request, stream_id, info, "ui", (scope,), extra="no-transform")
+        if fresh is not None and fresh.matches(request):
+            return fresh.not_modified()
         reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request),
                         epoch=reader_epoch(info))
         hub = request.app[HUB]
@@ -110,7 +115,7 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
             await hub.join(reader)
             page = await request.app[STORE].read_after(stream_id, 0)
             await check_first_page(request, info, page, reader)
-            return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq)
+            return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq, cache=fresh)
         finally:
             hub.leave(reader)
     except InternalError as exc:  # the live subscription was not confirmed: nothing was sent yet
@@ -129,6 +134,11 @@ def _drop(request: web.Request) -> None:
 class UIWriter:
     """Turns stored entries into UI chunk bytes for one response.
 
+    While the history is replayed, the deltas of a run are joined per block
+    (:class:`~publisher.wire.ui_chunks.DeltaJoiner`): a reconnecting ``useChat`` gets
+    each block's text so far in one delta, not one chunk per stored delta. Live events
+    after :meth:`live` are sent one chunk each.
+
     Args:
         projection: What the reader may see (internal reasoning left out of public tokens).
     """
@@ -136,6 +146,12 @@ class UIWriter:
     def __init__(self, projection: Projection) -> None:
         self.projection = projection
         self.translator = UIMessageTranslator()
+        self.joiner: DeltaJoiner | None = DeltaJoiner()
+
+    def live(self) -> bytes:
+        """Return the deltas held from the replay, joined; from now on every delta is sent as it comes."""
+        joiner, self.joiner = self.joiner, None
+        return b"".join(chunk_frame(chunk) for chunk in joiner.flush()) if joiner is not None else b""
 
     def frames(self, entries: list[Entry]) -> bytes:
         """Return the SSE bytes of the chunks these entries produce (``[DONE]`` after a terminal)."""
@@ -146,7 +162,10 @@ class UIWriter:
             event = decode_event(entry_json(entry))
             if event is None:
                 continue
-            out += [chunk_frame(chunk) for chunk in self.translator.feed(event)]
+            chunks = self.translator.feed(event)
+            if self.joiner is not None:
+                chunks = self.joiner.feed(chunks)
+            out += [chunk_frame(chunk) for chunk in chunks]
             if self.translator.finished:
                 out.append(DONE_LINE)
                 break
@@ -154,18 +173,26 @@ class UIWriter:
 
 
 async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: Page,
-                 known_top: int) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers=UI_HEADERS)
+                 known_top: int, *, cache: Freshness | None) -> web.StreamResponse:
+    """Write the response; one of a finished stream (``cache``) that cannot end with ``[DONE]`` is aborted."""
+    response = web.StreamResponse(status=200, headers=UI_HEADERS | (cache.headers if cache is not None else {}))
     await response.prepare(request)
     session = _UISession(request, response, reader, writer, known_top)
     try:
         if not await session.replay(page):
+            if held := writer.live():
+                await session.write(held)
             await session.live()
+        if cache is not None and not writer.translator.finished:  # a cache must not keep a partial body
+            _drop(request)
+            return response
         await response.write_eof()
     except ConnectionError:
         pass  # the client left or was dropped
     except REDIS_ERRORS as exc:  # headers are sent: end the body; the client reconnects
         log.warning("ui stream %s: storage error mid-response: %s", reader.stream_id, exc)
+        if cache is not None:
+            _drop(request)
     return response
 
 

@@ -186,3 +186,46 @@ class UIMessageTranslator:
             return {"type": "tool-input-available", "toolCallId": call_id, "toolName": call.name, "input": arguments}
         return {"type": "tool-input-error", "toolCallId": call_id, "toolName": call.name, "input": text,
                 "errorText": UNUSABLE_CALL}
+
+
+_DELTA_TEXT: Final = {"text-delta": ("id", "delta"), "reasoning-delta": ("id", "delta"),
+                      "tool-input-delta": ("toolCallId", "inputTextDelta")}
+"""Delta chunk type → (its block key field, its text field)."""
+
+
+class DeltaJoiner:
+    """Joins a run of delta chunks into one delta per block (a replay's: the client gets state, not tokens).
+
+    Delta chunks (``text-delta``, ``reasoning-delta``, ``tool-input-delta``) are held, each
+    block's joined in arrival order; any other chunk first releases every held delta (in
+    the order their blocks first had one), then passes. So no delta moves past another
+    chunk, and the SDK, which appends deltas per block id, builds the same message.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], tuple[Chunk, list[str]]] = {}
+
+    def feed(self, chunks: list[Chunk]) -> list[Chunk]:
+        """Return the chunks to send now for ``chunks`` (delta chunks are held instead)."""
+        out: list[Chunk] = []
+        for chunk in chunks:
+            fields = _DELTA_TEXT.get(chunk["type"])
+            if fields is None:
+                out += self.flush()
+                out.append(chunk)
+                continue
+            key = (chunk["type"], chunk[fields[0]])
+            held = self._held.get(key)
+            if held is None:
+                self._held[key] = (chunk, [chunk[fields[1]]])
+            else:
+                held[1].append(chunk[fields[1]])
+        return out
+
+    def flush(self) -> list[Chunk]:
+        """Return every held delta, one chunk per block, and hold nothing."""
+        out = []
+        for (kind, _), (first, parts) in self._held.items():
+            out.append({**first, _DELTA_TEXT[kind][1]: "".join(parts)})
+        self._held.clear()
+        return out
