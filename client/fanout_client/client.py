@@ -20,7 +20,7 @@ import errno
 import random
 import socket
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, Final, Literal, overload
 
 import aiohttp
 import msgspec
@@ -29,6 +29,7 @@ from yarl import URL
 from fanout_client.contract import Event, decode_event, is_terminal, parse_event_id
 from fanout_client.errors import HistoryResetError, PublisherUnreachableError, StreamUnavailableError
 from fanout_client.reducer import AssembledResult, Assembler
+from fanout_client.snapshot import SNAPSHOT_TYPE, StreamSnapshot, assembler_from, decode_snapshot
 from fanout_client.sse import SSEParser
 
 MAX_RESETS: Final = 3
@@ -180,6 +181,14 @@ class FanoutClient:
         async with self._request("GET", f"/v1/streams/{stream_id}", headers=self._auth(token)) as resp:
             return await self._json_or_raise(resp, expect=(200,))
 
+    @overload
+    def events(self, stream_id: str, *, token: str | None = None, last_event_id: int | str | None = None,
+               events_url: str | None = None, snapshot: Literal[False] = False) -> AsyncIterator[Event]: ...
+
+    @overload
+    def events(self, stream_id: str, *, token: str | None = None, last_event_id: int | str | None = None,
+               events_url: str | None = None, snapshot: bool) -> AsyncIterator[Event | StreamSnapshot]: ...
+
     async def events(
         self,
         stream_id: str,
@@ -187,7 +196,8 @@ class FanoutClient:
         token: str | None = None,
         last_event_id: int | str | None = None,
         events_url: str | None = None,
-    ) -> AsyncIterator[Event]:
+        snapshot: bool = False,
+    ) -> AsyncIterator[Event | StreamSnapshot]:
         """Yield the stream's events after ``last_event_id``, resuming by itself on disconnect.
 
         Args:
@@ -197,10 +207,15 @@ class FanoutClient:
                 or a bare seq, which the publisher does not check against the stream's
                 generation); ``None`` starts at the beginning.
             events_url: The URL from the submission (default ``/v1/streams/{id}/events``).
+            snapshot: Without ``last_event_id``, ask for the stream's state instead of its
+                history (``?snapshot=1``): a :class:`~fanout_client.snapshot.StreamSnapshot`
+                comes first (a publisher older than contract 1.1 sends the history instead),
+                then the events after its seq; a reconnect resumes after the last id held.
 
         Yields:
             Contract events in seq order, each once; unknown event types are skipped.
-            Ends after the terminal event, or at once on ``204`` (already complete).
+            Ends after the terminal event (or a snapshot of a finished stream), or at once
+            on ``204`` (already complete).
 
         Raises:
             HistoryResetError: The stream was written again as another generation while
@@ -217,14 +232,15 @@ class FanoutClient:
         while True:
             conn = _Connection()
             try:
-                async for frame_id, event, hint in self._one_connection(url, token, position, conn):
+                query = {"snapshot": "1"} if snapshot and position is None else None
+                async for frame_id, event, hint in self._one_connection(url, token, position, conn, query):
                     if hint is not None:
                         retry_ms = hint
                     if frame_id is not None:
                         position, failures = frame_id, 0
                     if event is not None:
                         yield event
-                        if is_terminal(event):
+                        if _ends(event):
                             return
             except PublisherUnreachableError:
                 if not connected:
@@ -242,12 +258,13 @@ class FanoutClient:
             await asyncio.sleep(_backoff_s(retry_ms, failures))
 
     async def _one_connection(
-        self, url: str, token: str | None, position: str | None, conn: _Connection
-    ) -> AsyncIterator[tuple[str | None, Event | None, int | None]]:
+        self, url: str, token: str | None, position: str | None, conn: _Connection,
+        query: dict[str, str] | None = None,
+    ) -> AsyncIterator[tuple[str | None, Event | StreamSnapshot | None, int | None]]:
         headers = {**self._auth(token), "Accept": "text/event-stream"}
         if position is not None:
             headers["Last-Event-ID"] = position
-        async with self._request("GET", url, headers=headers) as resp:
+        async with self._request("GET", url, headers=headers, params=query) as resp:
             conn.connected = True
             if resp.status == 204:
                 conn.complete = True
@@ -257,22 +274,25 @@ class FanoutClient:
             parser = SSEParser()
             async for chunk in resp.content.iter_any():
                 for message in parser.feed(chunk):
-                    data = message.data
-                    event = decode_event(data) if data is not None and message.event != "stream.gap" else None
-                    yield _event_id(message.id), event, message.retry_ms
+                    yield _event_id(message.id), _decode(message.event, message.data), message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
         """Follow the stream to its end and return the assembled result.
 
-        A stream written again as another generation meanwhile (:class:`HistoryResetError`)
-        is assembled again from its start, at most :data:`MAX_RESETS` times, so the result
-        is always one generation's.
+        It asks for a snapshot (``events(..., snapshot=True)``), so a stream that is
+        already long or finished costs its state, not its history. A stream written again
+        as another generation meanwhile (:class:`HistoryResetError`) is assembled again
+        from its start, at most :data:`MAX_RESETS` times, so the result is always one
+        generation's.
         """
         for attempt in range(MAX_RESETS + 1):
             assembler = Assembler(stream_id)
             try:
-                async for event in self.events(stream_id, token=token):
-                    assembler.apply(event)
+                async for item in self.events(stream_id, token=token, snapshot=True):
+                    if isinstance(item, StreamSnapshot):
+                        assembler = assembler_from(item)
+                    else:
+                        assembler.apply(item)
             except HistoryResetError:
                 if attempt == MAX_RESETS:
                     raise
@@ -317,6 +337,20 @@ class FanoutClient:
         if self._ends_in_v1():
             return f"give the publisher's root URL without /v1 ({self.base_url[:-3]})"
         return f"is {self.base_url} the publisher's root URL (e.g. http://127.0.0.1:8080)?"
+
+
+def _decode(event_type: str, data: str | None) -> Event | StreamSnapshot | None:
+    """Return the event or snapshot of an SSE message; ``None`` for a ``stream.gap``, no data or an unknown type."""
+    if data is None or event_type == "stream.gap":
+        return None
+    if event_type == SNAPSHOT_TYPE:
+        return decode_snapshot(data)
+    return decode_event(data)
+
+
+def _ends(item: Event | StreamSnapshot) -> bool:
+    """Return True for a terminal event or the snapshot of a finished stream."""
+    return item.result.status != "running" if isinstance(item, StreamSnapshot) else is_terminal(item)
 
 
 def _event_id(text: str | None) -> str | None:
