@@ -276,9 +276,10 @@ class EventStream(web.StreamResponse):
     place in the hub, its ``FANOUT_MAX_CONNECTIONS`` slot and its credential's place, and
     gives them back when the body ends, however it ends (client gone, cancelled, error).
 
-    A finished stream's response (``cache`` given: :mod:`publisher.api.caching`) that cannot
-    end with the terminal event (a gap, a storage error) is aborted, not ended, so no cache
-    keeps a partial body under its tag.
+    A finished stream's response (``cache`` given: :mod:`publisher.api.caching`) cut short
+    (a storage error, an unexpected error) is aborted, not ended, so no cache keeps a partial
+    body under its tag. A ``stream.gap`` ends it as always: stored history that no longer
+    follows is what every later read of that position finds too.
 
     Args:
         request: The SSE request.
@@ -346,8 +347,6 @@ class EventStream(web.StreamResponse):
                 await self.write(retry_frame(app[SETTINGS].sse_retry_ms) + self._prelude)
                 if not self._final:
                     await session.run(self._first, self._asked)
-                if self._cache is not None and not self._final and session.reader.cursor < self._top:
-                    raise ConnectionResetError("a finished stream's response cannot end whole")
                 await super().write_eof(data)
             except ConnectionError:
                 self._abort_cached()  # the client left, or was dropped on overflow or a stalled write

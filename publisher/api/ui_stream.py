@@ -174,7 +174,7 @@ class UIWriter:
 
 async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: Page,
                  known_top: int, *, cache: Freshness | None) -> web.StreamResponse:
-    """Write the response; one of a finished stream (``cache``) that cannot end with ``[DONE]`` is aborted."""
+    """Write the response; one of a finished stream (``cache``) cut short by a storage error is aborted."""
     response = web.StreamResponse(status=200, headers=UI_HEADERS | (cache.headers if cache is not None else {}))
     await response.prepare(request)
     session = _UISession(request, response, reader, writer, known_top)
@@ -183,9 +183,6 @@ async def _serve(request: web.Request, reader: Reader, writer: UIWriter, page: P
             if held := writer.live():
                 await session.write(held)
             await session.live()
-        if cache is not None and not writer.translator.finished:  # a cache must not keep a partial body
-            _drop(request)
-            return response
         await response.write_eof()
     except ConnectionError:
         pass  # the client left or was dropped

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 from multidict import CIMultiDict
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.publisher.conftest import Ctx
 from tests.publisher.helpers import (
@@ -131,11 +134,29 @@ async def test_finished_max_age_0_turns_caching_off(ctx: Ctx) -> None:
         assert "ETag" not in resp.headers
 
 
-async def test_a_finished_stream_response_cut_by_a_gap_is_aborted_not_ended(ctx: Ctx) -> None:
+class FailingReads:
+    """Forwards to the real client; every XRANGE after the first fails as a lost connection would."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner, self.calls = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def xrange(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            raise RedisConnectionError("connection lost")
+        return await self._inner.xrange(*args, **kwargs)
+
+
+@pytest.mark.parametrize("route", ["/events", "/ui"])
+async def test_a_finished_stream_response_cut_by_a_storage_error_is_aborted_not_ended(ctx: Ctx, route: str) -> None:
     """A cache must never keep a partial body under a strong tag: the chunked body is not terminated."""
+    server = await ctx.start_app(make_settings(read_first_page=2, read_page=2, read_ahead_hold_ms=0),
+                                 wrap_redis=FailingReads)
     await finished(ctx)
-    await ctx.redis.xdel(ctx.keys.events(ctx.sid), "0-3")
-    async with ctx.http.get(url(ctx, "/events"), headers=bearer(token_for(ctx.sid))) as resp:
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}{route}"), headers=bearer(token_for(ctx.sid))) as resp:
         assert resp.status == 200
         assert "ETag" in resp.headers
         with pytest.raises(aiohttp.ClientPayloadError):
