@@ -40,6 +40,7 @@ from fanout_client.errors import (
     StreamUnavailableError,
 )
 from fanout_client.reducer import Assembler, result_to_builtins
+from fanout_client.snapshot import StreamSnapshot, assembler_from
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 """Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
@@ -193,9 +194,13 @@ async def _submit(args: argparse.Namespace, target: Target) -> int:
 async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool) -> int:
     credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
+    snapshot = result_only and last is None  # only the state is printed: read a snapshot, not the history
     async with FanoutClient(target.url, api_key=target.api_key) as client:
         try:
-            async for event in client.events(stream_id, token=token, last_event_id=last):
+            async for event in client.events(stream_id, token=token, last_event_id=last, snapshot=snapshot):
+                if isinstance(event, StreamSnapshot):
+                    assembler = assembler_from(event)
+                    continue
                 assembler.apply(event)
                 if not result_only:
                     sys.stdout.write(encode_event(event).decode() + "\n")
