@@ -25,7 +25,7 @@ from typing import Any, Final
 from aiohttp import web
 from opentelemetry import metrics, trace
 
-from infra.live_pubsub import live_mode
+from infra.live_pubsub import LiveMode, live_mode
 from infra.redis_client import RedisClient, RedisOptions, connect, node_client
 from publisher.api.accesslog import MaskedAccessLogger
 from publisher.api.edge import install_log_filter
@@ -118,12 +118,7 @@ def _redis_context(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def redis_context(app: web.Application) -> AsyncIterator[None]:
         keys, settings = app[KEYS], app[SETTINGS]
-        client = connect(url, RedisOptions(
-            cluster=settings.redis_cluster, max_connections=settings.redis_max_connections,
-            pool_timeout_s=settings.redis_pool_timeout_s,
-            socket_timeout_s=settings.redis_timeout_s, connect_timeout_s=settings.redis_timeout_s,
-            client_name=f"fanout-publisher:{keys.prefix}",  # shows in CLIENT LIST
-        ))
+        client = _connect(url, settings, keys.prefix)
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page,
@@ -135,12 +130,8 @@ def _redis_context(
         except SettingsError:
             await client.aclose()
             raise
-        # classic: one node's connection hears the whole cluster; sharded: each channel at its slot's owner
-        live = await node_client(client) if mode == "classic" else None
-        app[HUB] = hub = Hub(live or client, store, keys.live, settings.subscribe_timeout_s,
-                             heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000,
-                             live_read_s=settings.live_read_ms / 1000, redis_timeout_s=settings.redis_timeout_s,
-                             reconnect=lambda: node_client(client), mode=mode)
+        hub, live = await _hub(client, store, keys, settings, mode)
+        app[HUB] = hub
         await hub.start()
         yield
         await hub.close()
@@ -149,6 +140,28 @@ def _redis_context(
         await client.aclose()
 
     return redis_context
+
+
+def _connect(url: str, settings: PublisherSettings, prefix: str) -> RedisClient:
+    """Open the publisher's command client (``FANOUT_REDIS_*`` settings; named in ``CLIENT LIST``)."""
+    return connect(url, RedisOptions(
+        cluster=settings.redis_cluster, max_connections=settings.redis_max_connections,
+        pool_timeout_s=settings.redis_pool_timeout_s,
+        socket_timeout_s=settings.redis_timeout_s, connect_timeout_s=settings.redis_timeout_s,
+        client_name=f"fanout-publisher:{prefix}",  # shows in CLIENT LIST
+    ))
+
+
+async def _hub(client: RedisClient, store: Store, keys: Keys, settings: PublisherSettings,
+               mode: LiveMode) -> tuple[Hub, Any]:
+    """Build the hub; return it and the node client it subscribes through (classic mode; ``None``: sharded)."""
+    # classic: one node's connection hears the whole cluster; sharded: each channel at its slot's owner
+    live = await node_client(client) if mode == "classic" else None
+    hub = Hub(live or client, store, keys.live, settings.subscribe_timeout_s,
+              heartbeat_s=settings.heartbeat_s, live_batch_s=settings.live_batch_ms / 1000,
+              live_read_s=settings.live_read_ms / 1000, redis_timeout_s=settings.redis_timeout_s,
+              reconnect=lambda: node_client(client), mode=mode)
+    return hub, live
 
 
 SHUTDOWN_POLL_S: Final = 0.1

@@ -67,6 +67,24 @@ class Telemetry:
         meter.create_observable_counter(
             "fanout.sse.events.delivered", callbacks=[self._observe_delivered], unit="{event}",
             description="Events written to SSE responses, by phase")
+        self._read_ahead_instruments(meter)
+        self.latency = meter.create_histogram(
+            "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+            description="From the event's ts (worker emit time) to its write on the SSE response")
+        self._response_instruments(meter)
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        """SSE requests turned away, by reason: plain ints read by the meter, so a refusal (many a
+        second under a flood of one credential's connections) costs no metrics call."""
+        meter.create_observable_counter(
+            "fanout.sse.refused", callbacks=[self._observe_refused], unit="{request}",
+            description="SSE requests turned away (200 with only a retry: hint), by reason")
+        self.redis_errors = meter.create_counter(
+            "fanout.redis.errors", unit="{error}", description="Redis errors seen, by kind")
+        self._fair_share_instruments(meter)
+        self._start_at_zero()
+
+    def _read_ahead_instruments(self, meter: metrics.Meter) -> None:
+        """Instruments of the history pages read ahead (plain ints, read by the meter)."""
         self.read_ahead_started = 0
         """History pages read ahead: read while the page before them was written."""
         self.read_ahead_pages = 0
@@ -84,9 +102,9 @@ class Telemetry:
         meter.create_observable_counter(
             "fanout.sse.read_ahead.dropped", callbacks=[self._reporting("read_ahead_dropped")], unit="{page}",
             description="Read-ahead pages let go: the write they overlapped outlasted the hold")
-        self.latency = meter.create_histogram(
-            "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-            description="From the event's ts (worker emit time) to its write on the SSE response")
+
+    def _response_instruments(self, meter: metrics.Meter) -> None:
+        """Counters of SSE requests and responses by how they went (resumed, 204, 410, overflow, gap)."""
         self.resumes = meter.create_counter(
             "fanout.sse.resumes", unit="{request}", description="SSE requests with a position (Last-Event-ID)")
         self.no_content = meter.create_counter(
@@ -97,16 +115,6 @@ class Telemetry:
             "fanout.sse.overflows", unit="{reader}", description="Readers closed for a full queue or a stalled write")
         self.gaps = meter.create_counter(
             "fanout.sse.gaps", unit="{response}", description="Responses ended by a stream.gap frame")
-        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
-        """SSE requests turned away, by reason: plain ints read by the meter, so a refusal (many a
-        second under a flood of one credential's connections) costs no metrics call."""
-        meter.create_observable_counter(
-            "fanout.sse.refused", callbacks=[self._observe_refused], unit="{request}",
-            description="SSE requests turned away (200 with only a retry: hint), by reason")
-        self.redis_errors = meter.create_counter(
-            "fanout.redis.errors", unit="{error}", description="Redis errors seen, by kind")
-        self._fair_share_instruments(meter)
-        self._start_at_zero()
 
     def _fair_share_instruments(self, meter: metrics.Meter) -> None:
         """Instruments of the fair shares, the status results and the readers' memory budgets."""

@@ -19,30 +19,27 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import errno
 import os
 import re
 import signal
-import stat
 import sys
 import time
-from pathlib import Path
-from typing import IO, Any, Final
-
-import msgspec
+from typing import Final
 
 from infra.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, connect
 from schema import logs
 from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
 from schema.settings import SettingsError, redis_cluster_from_env
-from tools.export import Exporter, Row
+from tools.export import Exporter
+from tools.export_sinks import NdjsonSink, ParquetSink, output_failure, repair_tail
+
+__all__ = ["NdjsonSink", "ParquetSink", "add_arguments", "output_failure", "parse_since", "repair_tail", "run"]
 
 READ_TIMEOUT_S: Final = 30.0
 """Read timeout of the export's Redis connection, seconds: above any ``XREADGROUP BLOCK`` it sends."""
 _RELATIVE: Final = re.compile(r"([0-9]+)([smhd])")
 _UNITS_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_encoder: Final = msgspec.json.Encoder()
 
 
 def parse_since(text: str, now_ms: int | None = None) -> int:
@@ -66,114 +63,6 @@ def parse_since(text: str, now_ms: int | None = None) -> int:
     return int(stamp.timestamp() * 1000)
 
 
-def repair_tail(path: Path, step: int = 65536) -> None:
-    """Cut a last line that a crash left without its newline (its batch was never acknowledged)."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with path.open("rb+") as file:
-        end = file.seek(0, os.SEEK_END)
-        file.seek(end - 1)
-        if file.read(1) == b"\n":
-            return
-        keep, position = 0, end
-        while position > 0:
-            start = max(0, position - step)
-            file.seek(start)
-            cut = file.read(position - start).rfind(b"\n")
-            if cut >= 0:
-                keep = start + cut + 1
-                break
-            position = start
-        file.truncate(keep)
-
-
-class NdjsonSink:
-    """One JSON object per line, to a file or to stdout (``-``).
-
-    A regular file is appended to, its crash-cut last line removed first (:func:`repair_tail`),
-    and fsynced at each commit. Anything else (``/dev/null``, a named pipe, a terminal) is
-    only flushed: it cannot be seeked, truncated or fsynced (``fsync`` fails with ``EINVAL``).
-    """
-
-    def __init__(self, output: str) -> None:
-        self.owned = output != "-"
-        if not self.owned:
-            self.file: IO[bytes] = sys.stdout.buffer
-            self.sync = False
-            return
-        path = Path(output)
-        if path.is_file():
-            repair_tail(path)
-        self.file = path.open("ab")
-        self.sync = stat.S_ISREG(os.fstat(self.file.fileno()).st_mode)
-
-    def write(self, rows: list[Row]) -> None:
-        """Write the rows as lines."""
-        self.file.write(b"".join(_encoder.encode(row) + b"\n" for row in rows))
-
-    def commit(self) -> None:
-        """Flush, and fsync a regular file."""
-        self.file.flush()
-        if self.sync:
-            os.fsync(self.file.fileno())
-
-    def close(self) -> None:
-        """Close a file (stdout stays open); never raises.
-
-        Whatever is still buffered here belongs to a batch whose write failed, which was
-        never acknowledged: a second failure flushing it (``ENOSPC`` again) is dropped, as
-        the first one was already reported.
-        """
-        if self.owned:
-            with contextlib.suppress(OSError):
-                self.file.close()
-
-
-class ParquetSink:
-    """Each committed batch as ``summaries/part-*.parquet`` and ``events/part-*.parquet`` under a directory."""
-
-    def __init__(self, output: str) -> None:
-        import pyarrow  # noqa: PLC0415 - optional extra
-        import pyarrow.parquet  # noqa: PLC0415
-
-        self.pa, self.pq = pyarrow, pyarrow.parquet
-        self.root = Path(output)
-        for part in ("summaries", "events"):
-            (self.root / part).mkdir(parents=True, exist_ok=True)
-        self.rows: list[Row] = []
-
-    def write(self, rows: list[Row]) -> None:
-        """Buffer the rows of the batch."""
-        self.rows += rows
-
-    def commit(self) -> None:
-        """Write the batch's two files under temporary names, fsync, rename them into place."""
-        name = f"part-{time.time_ns()}.parquet"
-        summaries = [r for r in self.rows if r["kind"] == "summary"]
-        expired = {r["stream_id"]: r["detail"] for r in self.rows if r["kind"] == "expired"}
-        regenerated = {r["stream_id"]: r["detail"] for r in self.rows if r["kind"] == "regenerated"}
-        summaries = [{**{k: v for k, v in r.items() if k != "kind"}, "expired_detail": expired.get(r["stream_id"]),
-                      "regenerated_detail": regenerated.get(r["stream_id"])} for r in summaries]
-        events = [{"stream_id": r["stream_id"], "seq": r["seq"], "event": bytes(r["event"]).decode()}
-                  for r in self.rows if r["kind"] == "event"]
-        self._write("summaries", name, summaries)
-        self._write("events", name, events)
-        self.rows = []
-
-    def _write(self, part: str, name: str, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        final = self.root / part / name
-        temp = final.with_suffix(".tmp")
-        self.pq.write_table(self.pa.Table.from_pylist(rows), temp)
-        with temp.open("rb") as file:
-            os.fsync(file.fileno())
-        temp.replace(final)
-
-    def close(self) -> None:
-        """Nothing is left open between batches."""
-
-
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Declare the ``export`` options."""
     parser.add_argument("--output", "-o", default="-", help="NDJSON file (appended) or - for stdout; "
@@ -193,26 +82,6 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
     return int(text)
-
-
-RETRY_HELPS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR, errno.ENOMEM,
-                                errno.ETIMEDOUT, errno.ESTALE})
-"""Errors of the output that a later run may not meet (a full disk, a flaky NFS mount)."""
-
-
-def output_failure(output: str, exc: OSError) -> str:
-    """Word a failed write of ``--output``: say "run again" only when running again can succeed.
-
-    Args:
-        output: The ``--output`` value.
-        exc: What the write, flush, fsync or rename raised; its ``errno`` is checked
-            against :data:`RETRY_HELPS`.
-    """
-    reason = exc.strerror or str(exc)
-    if exc.errno in RETRY_HELPS:
-        return f"writing {output} failed: {reason}; nothing acknowledged is lost: run again once that is fixed"
-    return (f"writing {output} failed: {reason}; nothing acknowledged is lost, but a rerun to the same output "
-            "fails the same way: choose another --output (a file, a pipe, a directory for parquet, or -)")
 
 
 MAX_SINCE_MS: Final = 2**63 - 1
@@ -247,38 +116,16 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_from_env(os.environ)
     try:
         cluster, since_ms = _inputs(args)
+        url = _redis_url(args)
+        sink = _open_sink(args)
     except CommandError as exc:
         sys.stderr.write(f"fanout export: {exc}\n")
-        return 2
-    url = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    try:
-        check_redis_url(url, source="--redis-url" if args.redis_url else "REDIS_URL")
-    except CommandError as exc:
-        sys.stderr.write(f"fanout export: {exc}\n")
-        return 2
-    if args.format == "parquet" and args.output == "-":
-        sys.stderr.write("fanout export: --format parquet needs --output DIRECTORY\n")
-        return 2
-    try:
-        parquet = args.format == "parquet"
-        sink: NdjsonSink | ParquetSink = ParquetSink(args.output) if parquet else NdjsonSink(args.output)
-    except ImportError:
-        sys.stderr.write("fanout export: --format parquet needs pyarrow: pip install 'fanout[parquet]'\n")
-        return 2
-    except OSError as exc:
-        sys.stderr.write(f"fanout export: cannot open {args.output}: {exc.strerror}\n")
         return 2
     keys = Keys(args.prefix or os.environ.get("FANOUT_REDIS_PREFIX") or "fanout")
     try:
         count = asyncio.run(_export(url, keys, sink, args, since_ms, cluster=cluster))
     except REDIS_ERRORS as exc:
-        if mismatch := cluster_mode_mismatch(exc, cluster):
-            sys.stderr.write(f"fanout export: cannot use Redis at {redact_url(url)}: {mismatch}; "
-                             "nothing acknowledged is lost\n")
-            return 1
-        reason = str(exc).rstrip(". ")
-        sys.stderr.write(f"fanout export: Redis at {redact_url(url)} failed: {reason}; "
-                         "nothing acknowledged is lost, run again\n")
+        sys.stderr.write(f"fanout export: {_redis_failure(url, exc, cluster=cluster)}\n")
         return 1
     except BrokenPipeError:
         if args.output == "-":  # stdout's reader left (| head): fanout_cli stops quietly
@@ -294,6 +141,41 @@ def run(args: argparse.Namespace) -> int:
     where = "stdout" if args.output == "-" else args.output
     sys.stderr.write(f"fanout export: {count} streams exported to {where}\n")
     return 0
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    """Return ``--redis-url``, else ``REDIS_URL``, else the default.
+
+    Raises:
+        CommandError: It is not a Redis URL.
+    """
+    url: str = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    check_redis_url(url, source="--redis-url" if args.redis_url else "REDIS_URL")
+    return url
+
+
+def _open_sink(args: argparse.Namespace) -> NdjsonSink | ParquetSink:
+    """Open ``--output`` in ``--format``.
+
+    Raises:
+        CommandError: Parquet to stdout, Parquet without pyarrow, or an output that cannot be opened.
+    """
+    if args.format == "parquet" and args.output == "-":
+        raise CommandError("--format parquet needs --output DIRECTORY")
+    try:
+        return ParquetSink(args.output) if args.format == "parquet" else NdjsonSink(args.output)
+    except ImportError:
+        raise CommandError("--format parquet needs pyarrow: pip install 'fanout[parquet]'") from None
+    except OSError as exc:
+        raise CommandError(f"cannot open {args.output}: {exc.strerror}") from None
+
+
+def _redis_failure(url: str, exc: Exception, *, cluster: bool) -> str:
+    """Word a Redis failure of the export (nothing acknowledged is lost either way)."""
+    if mismatch := cluster_mode_mismatch(exc, cluster):
+        return f"cannot use Redis at {redact_url(url)}: {mismatch}; nothing acknowledged is lost"
+    reason = str(exc).rstrip(". ")
+    return f"Redis at {redact_url(url)} failed: {reason}; nothing acknowledged is lost, run again"
 
 
 async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: argparse.Namespace,
@@ -316,16 +198,24 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
             return 0
         await exporter.ensure_group()
         bar.total = await exporter.lag()
-        task = asyncio.create_task(exporter.run(follow=args.follow, stop=stop))
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():  # a signal: the current batch finishes or stays pending
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return exporter.exported
-        stopped.cancel()
-        return task.result()
+        return await _until_stopped(exporter, follow=args.follow, stop=stop)
     finally:
         bar.close()
         await client.aclose()
+
+
+async def _until_stopped(exporter: Exporter, *, follow: bool, stop: asyncio.Event) -> int:
+    """Run the export until it is done or ``stop`` is set; return how many streams it exported.
+
+    On a signal the current batch finishes or stays pending (unacknowledged), never half-written.
+    """
+    task = asyncio.create_task(exporter.run(follow=follow, stop=stop))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():  # a signal: the current batch finishes or stays pending
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return exporter.exported
+    stopped.cancel()
+    return task.result()

@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import random
-import socket
 from collections.abc import AsyncIterator
 from typing import Any, Final, Literal, overload
 
 import aiohttp
 import msgspec
-from yarl import URL
 
-from fanout_client.contract import Event, decode_event, is_terminal, parse_event_id
-from fanout_client.errors import HistoryResetError, PublisherUnreachableError, StreamUnavailableError
+from fanout_client.answers import NOT_A_ROUTE, base_url_problem, connect_reason, refusal_error
+from fanout_client.contract import Event, parse_event_id
+from fanout_client.errors import HistoryResetError, PublisherUnreachableError
 from fanout_client.reducer import AssembledResult, Assembler
-from fanout_client.snapshot import SNAPSHOT_TYPE, StreamSnapshot, assembler_from, decode_snapshot
+from fanout_client.snapshot import StreamSnapshot, assembler_from, decode_message, ends
 from fanout_client.sse import SSEParser
+
+__all__ = ["DEFAULT_RETRY_MS", "MAX_BACKOFF_S", "MAX_RESETS", "NOT_A_ROUTE", "FanoutClient", "Submission",
+           "base_url_problem"]
 
 MAX_RESETS: Final = 3
 """Most restarts of :meth:`FanoutClient.result` after a ``history-reset`` (contract 1.1)."""
@@ -38,38 +39,6 @@ DEFAULT_RETRY_MS: Final = 1000
 """Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
 MAX_BACKOFF_S: Final = 30.0
 """Longest wait between two reconnects."""
-
-
-NOT_A_ROUTE: Final = "is not a route of a fanout publisher"
-"""Words of the ``404`` message for a request that missed every route (a wrong base URL)."""
-
-
-def base_url_problem(base_url: str) -> str | None:
-    """Return why ``base_url`` cannot be a publisher's root URL, or ``None`` when it can.
-
-    Args:
-        base_url: Text such as ``http://127.0.0.1:8080``; ``127.0.0.1:8080`` (no scheme) is refused.
-    """
-    try:
-        url = URL(base_url)
-    except ValueError as exc:
-        return f"{base_url!r} is not a URL ({exc})"
-    if url.scheme in ("http", "https") and url.host:
-        return None
-    example = f"http://{base_url}" if "://" not in base_url and base_url else "http://127.0.0.1:8080"
-    return f"{base_url!r} is not an http:// or https:// URL; write it with the scheme, e.g. {example}"
-
-
-def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
-    """Say in a few words why a connection could not be made."""
-    os_error = exc.os_error
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return f"TLS failed ({os_error})"
-    if isinstance(os_error, socket.gaierror):
-        return f"unknown host {exc.host}"
-    if isinstance(os_error, ConnectionRefusedError) or os_error.errno == errno.ECONNREFUSED:
-        return "connection refused (nothing listens there)"
-    return os_error.strerror or str(os_error)
 
 
 class Submission(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,7 +209,7 @@ class FanoutClient:
                         position, failures = frame_id, 0
                     if event is not None:
                         yield event
-                        if _ends(event):
+                        if ends(event):
                             return
             except PublisherUnreachableError:
                 if not connected:
@@ -274,7 +243,7 @@ class FanoutClient:
             parser = SSEParser()
             async for chunk in resp.content.iter_any():
                 for message in parser.feed(chunk):
-                    yield _event_id(message.id), _decode(message.event, message.data), message.retry_ms
+                    yield _event_id(message.id), decode_message(message.event, message.data), message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
         """Follow the stream to its end and return the assembled result.
@@ -308,7 +277,7 @@ class FanoutClient:
                 yield resp
         except aiohttp.ClientConnectorError as exc:
             raise PublisherUnreachableError(
-                f"cannot connect to the publisher at {self.base_url}: {_connect_reason(exc)}") from exc
+                f"cannot connect to the publisher at {self.base_url}: {connect_reason(exc)}") from exc
 
     async def _json_or_raise(self, resp: aiohttp.ClientResponse, *, expect: tuple[int, ...]) -> dict[str, Any]:
         try:
@@ -317,40 +286,8 @@ class FanoutClient:
             data = None
         if resp.status in expect and isinstance(data, dict):
             return data
-        problem = data if isinstance(data, dict) else {}
-        detail = problem.get("detail") or problem.get("title") or resp.reason or "request refused"
-        fields = "; ".join(f"{e.get('field')}: {e.get('detail')}" for e in problem.get("errors") or []
-                           if isinstance(e, dict))
-        if fields:
-            detail = f"{detail} ({fields})"
-        if resp.status == 404 and (self._ends_in_v1() or not _about_a_stream(problem)):
-            detail = f"{resp.method} {resp.url.path} {NOT_A_ROUTE}: {self._root_hint()}"
-        if resp.status == 410 and str(problem.get("type", "")).endswith("/history-reset"):
-            raise HistoryResetError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
-        raise StreamUnavailableError(f"{resp.status}: {detail}", status=resp.status, problem=problem)
-
-    def _ends_in_v1(self) -> bool:
-        return URL(self.base_url).path.rstrip("/").endswith("/v1")
-
-    def _root_hint(self) -> str:
-        """Advice for a base URL that reached no route."""
-        if self._ends_in_v1():
-            return f"give the publisher's root URL without /v1 ({self.base_url[:-3]})"
-        return f"is {self.base_url} the publisher's root URL (e.g. http://127.0.0.1:8080)?"
-
-
-def _decode(event_type: str, data: str | None) -> Event | StreamSnapshot | None:
-    """Return the event or snapshot of an SSE message; ``None`` for a ``stream.gap``, no data or an unknown type."""
-    if data is None or event_type == "stream.gap":
-        return None
-    if event_type == SNAPSHOT_TYPE:
-        return decode_snapshot(data)
-    return decode_event(data)
-
-
-def _ends(item: Event | StreamSnapshot) -> bool:
-    """Return True for a terminal event or the snapshot of a finished stream."""
-    return item.result.status != "running" if isinstance(item, StreamSnapshot) else is_terminal(item)
+        raise refusal_error(resp.status, f"{resp.method} {resp.url.path}", data, base_url=self.base_url,
+                            reason=resp.reason)
 
 
 def _event_id(text: str | None) -> str | None:
@@ -372,12 +309,6 @@ class _Connection:
     def __init__(self) -> None:
         self.complete = False
         self.connected = False
-
-
-def _about_a_stream(problem: dict[str, Any]) -> bool:
-    """Return True for the publisher's ``404`` about an unknown stream (not a missing route)."""
-    kind, detail = str(problem.get("type", "")), str(problem.get("detail", ""))
-    return kind.endswith("/not-found") and not detail.startswith("no such route")
 
 
 def _backoff_s(retry_ms: int, failures: int) -> float:

@@ -16,7 +16,17 @@ from typing import Final
 
 import msgspec
 
-from fanout_client.contract import BlockRef, BlockStart, ErrorStatus, StreamDone, StreamError, ToolInfo
+from fanout_client.contract import (
+    BlockRef,
+    BlockStart,
+    ErrorStatus,
+    Event,
+    StreamDone,
+    StreamError,
+    ToolInfo,
+    decode_event,
+    is_terminal,
+)
 from fanout_client.reducer import AssembledBlock, AssembledResult, Assembler, ReasoningBlock, ToolCallBlock
 
 SNAPSHOT_TYPE: Final = "stream.snapshot"
@@ -67,6 +77,32 @@ def snapshot_json(stream_id: str, seq: int, ts: int, result_json: bytes) -> byte
     head = b'{"type":"%s","stream_id":%s,"seq":%d,"ts":%d,"result":' % (
         SNAPSHOT_TYPE.encode(), _encoder.encode(stream_id), seq, ts)
     return head + result_json + b"}"
+
+
+def decode_message(event_type: str, data: str | None) -> Event | StreamSnapshot | None:
+    """Return the event or snapshot an SSE message of ``/events`` carries.
+
+    Args:
+        event_type: The message's ``event`` field.
+        data: Its ``data`` (``None``: the message had none).
+
+    Returns:
+        ``None`` for a ``stream.gap``, a message without data, or an unknown event type.
+
+    Raises:
+        msgspec.ValidationError: A known type with missing or ill-typed fields.
+        msgspec.DecodeError: The data is not JSON.
+    """
+    if data is None or event_type == "stream.gap":
+        return None
+    if event_type == SNAPSHOT_TYPE:
+        return decode_snapshot(data)
+    return decode_event(data)
+
+
+def ends(item: Event | StreamSnapshot) -> bool:
+    """Return True for a terminal event or the snapshot of a finished stream (nothing follows either)."""
+    return item.result.status != "running" if isinstance(item, StreamSnapshot) else is_terminal(item)
 
 
 def assembler_from(snapshot: StreamSnapshot) -> Assembler:

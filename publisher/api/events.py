@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -43,116 +42,18 @@ from publisher.api.auth import authorize_read
 from publisher.api.caching import Freshness, freshness
 from publisher.api.fair_share import Claim
 from publisher.api.limits import path_stream_id
+from publisher.api.positions import Position, check_first_page, early_answer, parse_position, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.api.snapshot import read_snapshot, wants_snapshot
 from publisher.history.entries import Page
-from publisher.history.store import StreamInfo
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.live.session import Session
 from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.wire.sse import SSE_HEADERS, busy_body, retry_frame
-from schema.contract import parse_event_id
 from schema.errors import InternalError
 
 log = logging.getLogger(__name__)
-
-class Position(NamedTuple):
-    """Where a client is: the last seq it holds and, when its ``id`` named one, that event's epoch."""
-
-    seq: int
-    """The last seq held (0: nothing)."""
-    epoch: str | None
-    """The generation of that seq; ``None`` for a bare seq (not checked)."""
-
-
-def parse_position(request: web.Request) -> Position:
-    """Return the client's position: ``Last-Event-ID``, else ``last_event_id``, else seq 0.
-
-    Raises:
-        ProblemError: ``invalid-position`` (400) for anything but ``<seq>`` or
-            ``<seq>.<epoch>`` (:func:`schema.contract.parse_event_id`), or a
-            ``last_event_id`` parameter given more than once (as a repeated header is).
-    """
-    if len(request.query.getall("last_event_id", ())) > 1:
-        raise ProblemError("invalid-position", "the last_event_id parameter is given more than once; give it once")
-    raw = request.headers.get("Last-Event-ID", "").strip() or request.query.get("last_event_id", "").strip()
-    if not raw:
-        return Position(0, None)
-    try:
-        seq, epoch = parse_event_id(raw)
-    except ValueError:
-        raise ProblemError("invalid-position", "Last-Event-ID / last_event_id must be the id of an event held: "
-                                               "<seq> or <seq>.<epoch>") from None
-    return Position(seq, epoch if seq else None)
-
-
-def check_epoch(info: StreamInfo, position: Position) -> None:
-    """Refuse a position in another generation than the stream's current one (contract 1.1).
-
-    Raises:
-        ProblemError: ``history-reset`` (410), with the stream's ``epoch`` (null when it has
-            none yet) and ``last_seq``: the events the client holds are not this stream's
-            history any more; it must start again from the beginning (no ``Last-Event-ID``).
-    """
-    current = info.epoch
-    if position.epoch is not None and position.epoch != current:
-        raise ProblemError("history-reset", "the stream was written again as another generation; the events "
-                                            "held are not its history any more: read it again from the start",
-                           extensions={"epoch": current or None,
-                                       "last_seq": info.last_seq if info.known else info.tomb_last_seq})
-
-
-def early_answer(stream_id: str, info: StreamInfo, position: Position) -> web.Response | None:
-    """Return the 204 owed before any read, or ``None`` to go on; raise the 404/410 owed.
-
-    Raises:
-        ProblemError: ``not-found``, ``history-reset``, ``history-expired`` or ``position-ahead``.
-    """
-    if not info.known and not info.tomb:
-        raise ProblemError("not-found", f"no stream {stream_id}")
-    check_epoch(info, position)
-    return _early_by_seq(info, position.seq)
-
-
-def _early_by_seq(info: StreamInfo, position: int) -> web.Response | None:
-    if not info.known:
-        last_seq = info.tomb_last_seq
-        if position == last_seq:
-            return web.Response(status=204)
-        raise ProblemError("history-expired", "the stream ended and its events expired",
-                           extensions={"last_seq": last_seq, "stream_status": info.tomb.get("status")})
-    if position > info.last_seq:
-        raise ProblemError("position-ahead", f"position {position} is past the stored top {info.last_seq}",
-                           extensions={"last_seq": info.last_seq})
-    if info.terminal and position == info.last_seq:
-        return web.Response(status=204)
-    return None
-
-
-async def check_first_page(request: web.Request, info: StreamInfo, page: Page, reader: Reader) -> None:
-    """Refuse a reader's position that stored history no longer follows (B20), or a page of another generation.
-
-    ``reader.cursor`` is the position (nothing was sent yet).
-
-    Raises:
-        ProblemError: ``history-reset`` (the page was read in another generation than
-            the one the reader holds: the stream was written again since ``info``),
-            ``history-trimmed`` (entries remain, but not ``position + 1``; carries
-            ``first_seq``) or ``history-expired`` (the events are gone).
-    """
-    if not reader.adopt(page, page.epoch):
-        raise ProblemError("history-reset", "the stream was written again as another generation while it was read",
-                           extensions={"epoch": page.epoch.decode() or None, "last_seq": None})
-    stream_id, position = reader.stream_id, reader.cursor
-    if page and page[0].seq != position + 1:
-        raise ProblemError("history-trimmed", f"seq {position + 1} is no longer stored",
-                           extensions={"first_seq": page[0].seq, "last_seq": info.last_seq})
-    if not page and info.last_seq > position:
-        if await request.app[STORE].events_exist(stream_id):
-            raise ProblemError("history-trimmed", f"seq {position + 1} is no longer stored",
-                               extensions={"first_seq": None, "last_seq": info.last_seq})
-        raise ProblemError("history-expired", "the stream's events expired", extensions={"last_seq": info.last_seq})
 
 
 async def stream_events(request: web.Request) -> web.StreamResponse:
@@ -175,17 +76,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
     if position.seq > 0:
         telemetry.resumes.add(1)
-    shares = request.app[FAIR_SHARES]
-    claim = shares.take(request, "sse")
-    if claim is None:
-        telemetry.refusal("too-many-requests")
-        return await busy_stream(request, "too-many-requests", shares.retry_after_s)
-    gate = request.app[GATE]
-    refusal = gate.try_acquire()
-    if refusal is not None:
-        claim.release()
-        telemetry.refusal(refusal)
-        return await busy_stream(request, refusal)
+    admitted = _admit(request)
+    if not isinstance(admitted, Claim):
+        return await busy_stream(request, *admitted)
+    claim = admitted
     response: web.StreamResponse | None = None
     try:
         response = await _answer(request, stream_id, scope, position, claim)
@@ -201,8 +95,28 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
         return await busy_stream(request, "redis-unavailable")
     finally:
         if not isinstance(response, EventStream):  # a started event stream gives the slots back when it ends
-            gate.release()
+            request.app[GATE].release()
             claim.release()
+
+
+def _admit(request: web.Request) -> Claim | tuple[str, float | None]:
+    """Take the credential's place and a ``FANOUT_MAX_CONNECTIONS`` slot, or return why not.
+
+    Returns:
+        The claim (the slot is held too), or the busy reason and the delay to hint
+        (``None``: ``FANOUT_BUSY_RETRY_AFTER_S``) for :func:`busy_stream`.
+    """
+    telemetry, shares = request.app[TELEMETRY], request.app[FAIR_SHARES]
+    claim = shares.take(request, "sse")
+    if claim is None:
+        telemetry.refusal("too-many-requests")
+        return "too-many-requests", shares.retry_after_s
+    refusal = request.app[GATE].try_acquire()
+    if refusal is not None:
+        claim.release()
+        telemetry.refusal(refusal)
+        return refusal, None
+    return claim
 
 
 async def busy_stream(request: web.Request, reason: str, retry_after_s: float | None = None) -> web.StreamResponse:
@@ -255,15 +169,6 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     return stream
 
 
-def reader_epoch(info: StreamInfo) -> bytes | None:
-    """Return the generation a new reader starts in.
-
-    Meta ``epoch`` (``b""``: none, a stream older than contract 1.1), or ``None`` while
-    nothing is stored (the first page read tells).
-    """
-    return info.epoch.encode() if info.last_seq > 0 else None
-
-
 class EventStream(web.StreamResponse):
     """The ``200 text/event-stream`` response of one reader, its body written in :meth:`write_eof`.
 
@@ -287,7 +192,7 @@ class EventStream(web.StreamResponse):
         cache: The caching headers of a finished stream's response; ``None``: ``no-store``.
     """
 
-    __slots__ = ("_cache", "_claim", "_final", "_first", "_prelude", "_request", "_session", "_top")
+    __slots__ = ("_cache", "_claim", "_final", "_first", "_prelude", "_request", "_session")
 
     def __init__(self, request: web.Request, claim: Claim, cache: Freshness | None = None) -> None:
         super().__init__(status=200, headers=SSE_HEADERS | (cache.headers if cache is not None else {}))
@@ -297,7 +202,7 @@ class EventStream(web.StreamResponse):
         self._session: Session | None = None
         self._first: list[Page] = []
         self._asked = 0
-        self._prelude, self._final, self._top = b"", False, 0
+        self._prelude, self._final = b"", False
 
     def drop(self) -> None:
         """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
@@ -331,7 +236,7 @@ class EventStream(web.StreamResponse):
         app[TELEMETRY].open_connections.add(1)
         settings = app[SETTINGS]
         self._first, self._asked = first, asked
-        self._prelude, self._final, self._top = prelude, final, known_top
+        self._prelude, self._final = prelude, final
         self._session = Session(response=self, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                                 telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
                                 write_timeout_s=settings.write_timeout_s,

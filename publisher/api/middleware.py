@@ -61,27 +61,10 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     ``internal``, never aiohttp's plain-text page. Handlers that start a response body
     (SSE) end it themselves on any error, so nothing reaches here after headers were sent.
     """
-    route = route_of(request)
-    attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
-    if route is not None:
-        attributes["http.route"] = route
-    span = request.app[TELEMETRY].tracer.start_span(
-        f"{request.method} {route}" if route else request.method,
-        context=propagate.extract(request.headers),
-        kind=SpanKind.SERVER,
-        attributes=attributes,
-    )
+    span = _server_span(request)
     token = context.attach(trace.set_span_in_context(span))
-    response: web.StreamResponse
     try:
-        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-            response = preflight_response(request)
-        else:
-            try:
-                refuse_repeated_headers(request)
-                response = await handler(request)
-            except Exception as exc:
-                response = problem_for(request, exc)
+        response = await _respond(request, handler)
         span.set_attribute("http.response.status_code", response.status)
         if response.status >= 500:
             span.set_status(Status(StatusCode.ERROR))
@@ -96,6 +79,31 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     finally:
         context.detach(token)
         span.end()
+
+
+def _server_span(request: web.Request) -> trace.Span:
+    """Start the request's SERVER span, ``<method> <route>``, continuing the caller's trace context."""
+    route = route_of(request)
+    attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
+    if route is not None:
+        attributes["http.route"] = route
+    return request.app[TELEMETRY].tracer.start_span(
+        f"{request.method} {route}" if route else request.method,
+        context=propagate.extract(request.headers),
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+    )
+
+
+async def _respond(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer a preflight, else run the handler; an error raised before a response started becomes a problem."""
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        return preflight_response(request)
+    try:
+        refuse_repeated_headers(request)
+        return await handler(request)
+    except Exception as exc:
+        return problem_for(request, exc)
 
 
 def problem_for(request: web.Request, exc: Exception) -> web.Response:

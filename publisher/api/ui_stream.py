@@ -46,11 +46,11 @@ from aiohttp import web
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.auth import authorize_read
 from publisher.api.caching import Freshness, freshness
-from publisher.api.events import check_first_page, reader_epoch
 from publisher.api.limits import path_stream_id
+from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.history.entries import Entry, Page
-from publisher.history.visibility import Projection
+from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.live.reader_budget import ReaderBudget, Waiting, page_bytes, reset_on_close
 from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
@@ -67,8 +67,7 @@ UI_HEADERS: Final = {
     "X-Vercel-AI-UI-Message-Stream": "v1",
     "X-Accel-Buffering": "no",
 }
-"""The UI message stream's response headers (the SDK's ``UI_MESSAGE_STREAM_HEADERS``, but
-``no-store``: a finished stream's say otherwise, :mod:`publisher.api.caching`)."""
+"""The SDK's ``UI_MESSAGE_STREAM_HEADERS``, but ``no-store`` (finished streams: :mod:`publisher.api.caching`)."""
 
 _DATA: Final = b"\ndata: "
 
@@ -97,33 +96,38 @@ async def stream_ui(request: web.Request) -> web.StreamResponse:
         raise ProblemError(refusal, "the publisher cannot open another stream now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)})
     try:
-        info = await request.app[STORE].info(stream_id)
-        if not info.known and not info.tomb:
-            raise ProblemError("not-found", f"no stream {stream_id}")
-        if resume and (info.terminal or not info.known):
-            return web.Response(status=204)
-        if not info.known:
-            raise ProblemError("history-expired", "the stream ended and its events expired",
-                               extensions={"last_seq": info.tomb_last_seq})
-        fresh = await freshness(request, stream_id, info, "ui", (scope,), extra="no-transform")
-        if fresh is not None and fresh.matches(request):
-            return fresh.not_modified()
-        reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request),
-                        epoch=reader_epoch(info))
-        hub = request.app[HUB]
-        try:
-            await hub.join(reader)
-            page = await request.app[STORE].read_after(stream_id, 0)
-            await check_first_page(request, info, page, reader)
-            return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq, cache=fresh)
-        finally:
-            hub.leave(reader)
+        return await _answer(request, stream_id, scope, resume=resume)
     except InternalError as exc:  # the live subscription was not confirmed: nothing was sent yet
         raise ProblemError("redis-unavailable", "the live channel is not available now; retry shortly",
                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}) from exc
     finally:
         gate.release()
         claim.release()
+
+
+async def _answer(request: web.Request, stream_id: str, scope: Scope, *, resume: bool) -> web.StreamResponse:
+    """Answer 204, 404 or 410 from the stored state, else serve from seq 1 (the slot is held by the caller)."""
+    info = await request.app[STORE].info(stream_id)
+    if not info.known and not info.tomb:
+        raise ProblemError("not-found", f"no stream {stream_id}")
+    if resume and (info.terminal or not info.known):
+        return web.Response(status=204)
+    if not info.known:
+        raise ProblemError("history-expired", "the stream ended and its events expired",
+                           extensions={"last_seq": info.tomb_last_seq})
+    fresh = await freshness(request, stream_id, info, "ui", (scope,), extra="no-transform")
+    if fresh is not None and fresh.matches(request):
+        return fresh.not_modified()
+    reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: _drop(request),
+                    epoch=reader_epoch(info))
+    hub = request.app[HUB]
+    try:
+        await hub.join(reader)
+        page = await request.app[STORE].read_after(stream_id, 0)
+        await check_first_page(request, info, page, reader)
+        return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq, cache=fresh)
+    finally:
+        hub.leave(reader)
 
 
 def _drop(request: web.Request) -> None:
@@ -150,8 +154,8 @@ class UIWriter:
 
     def live(self) -> bytes:
         """Return the deltas held from the replay, joined; from now on every delta is sent as it comes."""
-        joiner, self.joiner = self.joiner, None
-        return b"".join(chunk_frame(chunk) for chunk in joiner.flush()) if joiner is not None else b""
+        chunks, self.joiner = self.joiner.flush() if self.joiner is not None else [], None
+        return b"".join(chunk_frame(chunk) for chunk in chunks)
 
     def frames(self, entries: list[Entry]) -> bytes:
         """Return the SSE bytes of the chunks these entries produce (``[DONE]`` after a terminal)."""

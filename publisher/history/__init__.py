@@ -1,6 +1,7 @@
 """Stored-stream reads: meta, tombstone and event entries by exact position, and what a reader may see.
 
-:mod:`~publisher.history.store` reads Redis, :mod:`~publisher.history.entries` parses
+:mod:`~publisher.history.store` reads Redis (its top and backward reads in
+:mod:`~publisher.history.probes`), :mod:`~publisher.history.entries` parses
 stored items into entries with their SSE frames, :mod:`~publisher.history.visibility`
 decides the public projection.
 

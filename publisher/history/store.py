@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from redis.exceptions import ResponseError
@@ -32,12 +32,11 @@ from publisher.history.entries import (
     Entry,
     Page,
     entries_of,
-    entry_of,
     event_field,
     ours,
-    ours_seq,
     parse_entry,
 )
+from publisher.history.probes import Top, find_block_start, tops
 from schema.errors import InternalError
 from schema.keys import Keys, seq_of
 
@@ -50,12 +49,8 @@ log = logging.getLogger(__name__)
 class HistoryChangedError(InternalError):
     """The stream was written again as another generation while it was being read (contract 1.1)."""
 
-FIND_FIRST_COUNT: Final = 64
-"""Entries of the first backward page of :meth:`Store.find_block_start`."""
 _known_top: ContextVar[tuple[str, int] | None] = ContextVar("fanout_store_known_top", default=None)
 """Per request task: ``(stream id, last_seq)`` of its last :meth:`Store.info` reply."""
-Top = tuple[int | None, str | None, bool, bytes | None]
-"""What :meth:`Store.tops` finds of one stream: top seq, meta state, top is terminal, meta epoch."""
 
 
 class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,66 +259,14 @@ class Store:
     async def find_block_start(self, stream_id: str, before_seq: int, block_index: int) -> Entry | None:
         """Return the ``block.start`` of block ``block_index`` stored before ``before_seq``, or ``None``.
 
-        Reads backwards, ``XREVRANGE <events> (0-<before_seq> - COUNT <n>`` with ``n``
-        64 and then four times larger per page up to ``page``, and stops at that start,
-        at the start of an earlier block (the normalizer numbers blocks in order of their
-        start, so the one wanted is not stored: trimmed, or never written), or at the
-        first entry. A reader resuming inside a block thus reads back to that block's start
-        only, not the whole history.
+        See :func:`publisher.history.probes.find_block_start` (pages of at most ``page``).
         """
-        upper, count = before_seq, min(self.page, FIND_FIRST_COUNT)
-        while upper > 1:
-            raw: Any = await self.redis.xrevrange(self.keys.events(stream_id), f"(0-{upper}", "-", count=count)
-            below = upper
-            for entry_id, fields in raw or ():
-                seq = ours_seq(entry_id)
-                if seq is None:  # a foreign id sorts above ours: skip it
-                    continue
-                entry = entry_of(seq, event_field(fields))
-                if entry.type == "block.start" and entry.block_index is not None:
-                    if entry.block_index == block_index:
-                        return entry
-                    if entry.block_index < block_index:
-                        return None
-                upper = seq
-            if not raw or len(raw) < count or upper == below:
-                return None
-            count = min(self.page, count * 4)
-        return None
+        return await find_block_start(self.redis, self.keys, stream_id, before_seq, block_index=block_index,
+                                      page=self.page)
 
     async def tops(self, stream_ids: list[str]) -> list[Top | ResponseError]:
-        """Return ``(top seq or None, meta state or None, top is a terminal event, meta epoch or None)`` of each stream.
-
-        One round trip: ``HMGET <meta> state epoch`` and then ``XREVRANGE <events> <top of
-        ours> - COUNT 1`` per stream; the top is ``None`` when the stream holds no entry of
-        ours, the state ``None`` when meta is gone, the epoch ``None`` when meta has none.
-        A stream whose key answers a reply error (another type, say) gets that error, so
-        it fails only its own entry.
-
-        The state is read first because a pipeline is not atomic: Redis may run another
-        client's commands between two of its commands (at a read boundary of a long
-        pipeline, say). The worker's append script stores a terminal event and sets
-        ``state=done`` in one step, so a ``done`` read first means the top read after it
-        includes that event. In the other order, a stream ending in between would read
-        as ``done`` with the top below its terminal event: ended without one.
-        """
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for stream_id in stream_ids:
-                pipe.hmget(self.keys.meta(stream_id), ["state", "epoch"])
-                pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
-            replies = await pipe.execute(raise_on_error=False)
-        results: list[Top | ResponseError] = []
-        for fields, top in zip(replies[::2], replies[1::2], strict=True):
-            failed = next((reply for reply in (top, fields) if isinstance(reply, Exception)), None)
-            if failed is not None:
-                if not isinstance(failed, ResponseError):
-                    raise failed
-                results.append(failed)
-            else:
-                state, epoch = fields
-                results.append((seq_of(top[0][0]) if top else None, _text(state) if state is not None else None,
-                                bool(top) and parse_entry(*top[0]).terminal, epoch))
-        return results
+        """Return the top, meta state and epoch of each stream: :func:`publisher.history.probes.tops`."""
+        return await tops(self.redis, self.keys, stream_ids)
 
     async def events_exist(self, stream_id: str) -> bool:
         """Return True when the stream's events key still exists."""

@@ -15,20 +15,74 @@ it, also while that write waits for a slow client); so does
 one marked ``done`` with no event of ours at all while nothing was sent (refused at its
 first append), whose readers wait at position 0. A
 topic that received entries while its top was being read is left for the next audit,
-and one stream's failing keys skip only that stream. Follows the Redis pages of XREVRANGE and HMGET.
+and one stream's failing keys skip only that stream. An audit not answered within its
+interval (or within ``FANOUT_REDIS_TIMEOUT_S``, when that is longer) has failed; after two
+failures in a row the live readers of the topics that heard nothing meanwhile are closed
+(:func:`audit_loop`). Follows the Redis pages of XREVRANGE and HMGET.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from infra.redis_client import REDIS_ERRORS
 from publisher.history.store import Store
 from publisher.live.topic import Topic
 
 log = logging.getLogger("publisher.live.hub")
+
+
+async def audit_loop(store: Store, topics: Callable[[], list[Topic]], interval_s: float, bound_s: float, *,
+                     running: Callable[[], bool]) -> None:
+    """Audit ``topics()`` every ``interval_s`` seconds while ``running()``: the hub's audit task.
+
+    Args:
+        store: Reads of stored entries.
+        topics: Returns the hub's topics now.
+        interval_s: Half the heartbeat interval: the pause between audits, and how long a
+            topic must have heard nothing to be audited.
+        bound_s: Longest wait for one audit (the larger of ``interval_s`` and the client's
+            ``FANOUT_REDIS_TIMEOUT_S``: a Redis that answers within it is slow, not frozen).
+        running: False once the hub closes.
+    """
+    failing_since: float | None = None
+    while running():
+        await asyncio.sleep(interval_s)
+        began = time.monotonic()
+        try:
+            # bounded by its interval: the client's timeout bounds each attempt, not its retries and
+            # reconnects; but never below that timeout, within which a slow Redis still answers
+            async with asyncio.timeout(bound_s):
+                await audit(store, topics(), interval_s)
+        except (*REDIS_ERRORS, TimeoutError) as exc:  # a cluster client raises RedisClusterException too
+            log.warning("live audit failed: %s", str(exc) or f"no answer within {bound_s:g}s")
+            if failing_since is None:
+                failing_since = began
+            else:
+                _end_unheard(topics(), failing_since)
+        else:
+            failing_since = None
+
+
+def _end_unheard(topics: list[Topic], since: float) -> None:
+    """Close the live readers of every topic that heard nothing since ``since``, two audits having failed.
+
+    Redis answers neither the audit nor (it seems) the subscription: a partition, a
+    frozen server. Their responses end, so each client reconnects with ``Last-Event-ID``
+    (to another publisher, or here once Redis answers) instead of getting only
+    heartbeats while the stream may go on without them.
+    """
+    unheard = [topic for topic in topics if topic.live and topic.heard_s <= since]
+    if unheard:
+        log.warning("Redis has not answered two live audits: closing the live readers of %d stream(s) "
+                    "that heard nothing meanwhile; they reconnect and resume", len(unheard))
+    for topic in unheard:
+        topic.end_live("shutdown")
 
 
 async def audit(store: Store, topics: list[Topic], quiet_s: float) -> None:

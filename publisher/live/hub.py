@@ -15,21 +15,18 @@ for all of them; the reads of every topic that asked are made together
 
 Heartbeats of live readers come from one timer of the hub (:data:`HEARTBEAT_TICKS` per
 interval), not one per response. Every half heartbeat interval the topics that heard
-nothing for that long are audited (:mod:`publisher.live.audit`): a lost notification is read,
-lost history closes the topic's live readers with ``gap`` within one heartbeat interval.
-An audit not answered within its interval (or within ``FANOUT_REDIS_TIMEOUT_S``, when
-that is longer: a Redis answering within it is slow, not gone) has failed. When two
-audits in a row fail (Redis frozen or cut off), the live readers of the topics that heard
-nothing meanwhile are closed, so their clients reconnect and resume instead of
-getting only heartbeats.
+nothing for that long are audited (:mod:`publisher.live.audit`): a lost notification is
+read, lost history closes the topic's live readers with ``gap``, and when two audits in a
+row fail (Redis frozen or cut off) the live readers of the topics that heard nothing
+meanwhile are closed, so their clients reconnect and resume.
 
 All SUBSCRIBE/UNSUBSCRIBE commands go through one queue, so they reach Redis in the
 order readers came and went. Follows the Redis pages of SUBSCRIBE, PING and XRANGE.
 
 Which pub/sub (:func:`infra.live_pubsub.live_mode`, the worker decides the same way):
 ``classic`` (a single node, a Redis 6.2 cluster) uses ONE connection to one node with
-``SUBSCRIBE``; after it is lost the hub reconnects (to a node of the current topology)
-and subscribes every topic again. ``sharded`` (a Redis 7 cluster, where a classic
+``SUBSCRIBE``; after it is lost it reconnects (to a node of the current topology)
+and subscribes every topic again (:mod:`publisher.live.classic_link`). ``sharded`` (a Redis 7 cluster, where a classic
 ``PUBLISH`` would be broadcast to every node) subscribes each channel with ``SSUBSCRIBE``
 at the primary owning its slot, one connection per such primary, following slot moves
 and failovers (:mod:`publisher.live.shard_links`). Either way a subscription confirmed again
@@ -41,19 +38,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import hiredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from infra.redis_client import REDIS_ERRORS
 from publisher.history.store import Store
-from publisher.live.audit import audit
+from publisher.live.audit import audit_loop
+from publisher.live.classic_link import ClassicLink
 from publisher.live.notification import parse_notification
-from publisher.live.pubsub import Endpoint, PubSubLink, endpoint_of
 from publisher.live.reader import Reader
 from publisher.live.reads import LiveReads
 from publisher.live.shard_links import ShardLinks
@@ -68,11 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRY_S = 0.5
-"""Pause before the listener or a pump retries after a Redis error, seconds."""
-FAILURE_LOG_EVERY = 120
-"""While Redis stays unreachable, one warning per this many failed connection attempts
-(once a minute at :data:`RETRY_S`), after the first."""
 HEARTBEAT_TICKS = 4
 """Ticks of the shared heartbeat timer per heartbeat interval: an idle response gets its
 ``: ping`` between 1 and 1.25 intervals after its last write."""
@@ -122,12 +110,8 @@ class Hub:
         reconnect: Callable[[], Awaitable[Any]] | None = None,
         mode: LiveMode = "classic",
     ) -> None:
-        self._reconnect = reconnect
-        point = endpoint_of(redis) if mode == "classic" else Endpoint()  # sharded: never connected
         self._store = store
         self._reads = LiveReads(store, live_read_s)
-        self._link = PubSubLink(point, self._dispatch, self._on_lost, live_batch_s, self._flush_staged,
-                                hold=self._hold_s)
         self._staged: list[Topic] = []
         self._asked = False
         """A notification of the current socket read asked for a stored-stream read."""
@@ -141,39 +125,31 @@ class Hub:
         self._beat_s = heartbeat_s / HEARTBEAT_TICKS
         self._topics: dict[str, Topic] = {}
         self._by_channel: dict[bytes, Topic] = {}
-        self._barriers: dict[bytes, list[asyncio.Future[None]]] = {}
-        self._pending: list[tuple[str, bytes, Topic | None]] = []
-        self._flush_due = False
-        self._refused: hiredis.ReplyError | None = None
-        """An error reply since the last ``subscribe`` push: the next ``PING`` reply fails its batch."""
         self._leaving: set[bytes] = set()
         """Channels whose last reader left, unsubscribed after :data:`UNSUBSCRIBE_DELAY_S`."""
         self._closing = False
-        self._lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._shards = None if mode == "classic" else ShardLinks(
-            cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
-            on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged,
-            hold=self._hold_s)
+        self._subs: ClassicLink | ShardLinks = (
+            ClassicLink(redis, held=self._topics.values, reconnect=reconnect, topic_of=self._by_channel.get,
+                        on_message=self._notified, on_subscribed=self._subscribed, batch_s=live_batch_s,
+                        on_read=self._flush_staged, hold=self._hold_s) if mode == "classic"
+            else ShardLinks(cast("RedisCluster", redis), topic_of=self._by_channel.get, on_message=self._notified,
+                            on_subscribed=self._subscribed, batch_s=live_batch_s, on_read=self._flush_staged,
+                            hold=self._hold_s))
 
     async def start(self) -> None:
         """Start the pub/sub connection (sharded: read the slot map), the audit and the heartbeat timer."""
-        if self._shards is not None:
-            await self._shards.start()
-        self._tasks = [asyncio.create_task(self._audit_loop()), asyncio.create_task(self._beat_loop()),
-                       self._reads.start()]
-        if self._shards is None:
-            self._tasks.append(asyncio.create_task(self._link_loop()))
+        await self._subs.start()
+        audits = audit_loop(self._store, lambda: list(self._topics.values()), self._audit_s, self._audit_bound_s,
+                            running=lambda: not self._closing)
+        self._tasks = [asyncio.create_task(audits), asyncio.create_task(self._beat_loop()), self._reads.start()]
 
     async def close(self) -> None:
         """Stop every task and close the pub/sub connection (the wait is bounded by :data:`CLOSE_TIMEOUT_S`)."""
         self._closing = True
         for reader in self.readers():
             reader.close("shutdown")
-        self._link.close()
-        self._lost.set()
-        tasks = list(self._tasks)
-        tasks += self._shards.close() if self._shards is not None else []
+        tasks = [*self._tasks, *self._subs.close()]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -246,7 +222,7 @@ class Hub:
         topic = Topic(stream_id, channel, self._reads.want)
         self._topics[stream_id], self._by_channel[channel] = topic, topic
         self._carrying.add(topic)  # until its first notification shows otherwise (workers send events)
-        self._queue("sub", channel, topic)
+        self._queue("sub", channel)
         return topic
 
     def _leave(self, topic: Topic, reader: Reader) -> None:
@@ -266,149 +242,17 @@ class Hub:
         leaving, self._leaving = self._leaving, set()
         for channel in sorted(leaving):
             if channel not in self._by_channel and not self._closing:
-                self._queue("unsub", channel, None)
+                self._queue("unsub", channel)
 
-    def _queue(self, op: str, channel: bytes, topic: Topic | None) -> None:
+    def _queue(self, op: str, channel: bytes) -> None:
         """Queue one (un)subscription; everything queued in one loop turn is sent together."""
-        if self._shards is not None:
-            self._shards.queue(op, channel)
-            return
-        self._pending.append((op, channel, topic))
-        if not self._flush_due:
-            self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Send the queued commands in order, each run of one kind as one command.
-
-        A burst of new topics (a reconnect storm) becomes one ``SUBSCRIBE`` of every
-        channel and one ``PING`` that confirms them all. While disconnected nothing is
-        sent: the reconnect subscribes every topic held then.
-        """
-        self._flush_due = False
-        if not self._link.connected:
-            return
-        batch, self._pending = self._pending, []
-        for op, run in _runs(batch):
-            self._send_run(op, run)
-
-    def _send_run(self, op: str, run: Sequence[tuple[bytes, Topic | None]]) -> None:
-        channels = [channel for channel, _ in run]
-        if op == "unsub":
-            self._link.send("UNSUBSCRIBE", *channels)
-            return
-        token = uuid.uuid4().hex.encode()
-        self._barriers[token] = [topic.ready for _, topic in run if topic is not None]
-        self._link.send("SUBSCRIBE", *channels)
-        self._link.send("PING", token)
-
-    async def _link_loop(self) -> None:
-        """Keep the subscriber connection open; after each (re)connect, subscribe every topic held."""
-        failures = 0
-        while not self._closing:
-            try:
-                await self._link.connect()
-            except RedisError as exc:
-                failures += 1
-                if failures == 1 or failures % FAILURE_LOG_EVERY == 0:  # one line at first, then now and then
-                    log.warning("pub/sub connection failed (%s, %d attempts so far); retrying every %ss",
-                                exc, failures, RETRY_S)
-                self._fail_barriers(exc)
-                await asyncio.sleep(RETRY_S)
-                await self._repoint()
-                continue
-            if failures:
-                log.warning("pub/sub connection open again after %d failed attempts", failures)
-                failures = 0
-            self._lost.clear()
-            self._refused = None
-            self._pending.clear()
-            held = [(topic.channel, topic) for topic in self._topics.values()]
-            if held:
-                self._send_run("sub", held)
-            await self._lost.wait()
-            if self._closing:
-                return
-            log.warning("pub/sub connection lost; reconnecting")
-            self._fail_barriers(RedisConnectionError("pub/sub connection lost"))
-            await asyncio.sleep(RETRY_S)
-            await self._repoint()
-
-    async def _repoint(self) -> None:
-        """Point the subscriber connection at a node of the current topology (no-op without ``reconnect``)."""
-        if self._reconnect is None:
-            return
-        try:
-            client = await self._reconnect()
-        except (*REDIS_ERRORS, OSError) as exc:  # the cluster client's own RedisClusterException too
-            log.warning("pub/sub: no node to reconnect to yet (%s)", exc)
-            return
-        try:
-            self._link.endpoint = endpoint_of(client)
-        finally:
-            await client.aclose()
+        self._subs.queue(op, channel)
 
     def _flush_staged(self) -> None:
         """After one read of the subscriber connection: fan out what it staged, one write per reader."""
         staged, self._staged = self._staged, []
         for topic in staged:
             topic.flush()
-
-    def _on_lost(self, exc: Exception | None) -> None:
-        self._lost.set()
-
-    def _fail_barriers(self, exc: RedisError) -> None:
-        """Fail every unconfirmed subscription: its confirmation may never come.
-
-        Its waiting readers answer 503; the topic is dropped when they leave, so the
-        next reader subscribes afresh.
-        """
-        for barriers in self._barriers.values():
-            for barrier in barriers:
-                if not barrier.done():
-                    barrier.set_exception(exc)
-        self._barriers.clear()
-        for topic in self._topics.values():  # queued, not sent: no confirmation is coming either
-            if not topic.ready.done():
-                topic.ready.set_exception(exc)
-
-    def _dispatch(self, reply: Any) -> None:
-        """Handle one pushed reply: ``[kind, channel or token, data]`` (RESP2 pub/sub).
-
-        A ``SUBSCRIBE`` Redis refuses (``NOPERM``: an ACL user without that channel) answers
-        one error instead of its ``subscribe`` pushes; the ``PING`` sent after it then fails
-        that batch's readers at once (a plain bulk reply when the connection holds no
-        subscription) instead of confirming channels that are not subscribed.
-        """
-        if isinstance(reply, hiredis.ReplyError):
-            log.warning("pub/sub: Redis refused a SUBSCRIBE (%s); its readers are told to retry", reply)
-            self._refused = reply
-            return
-        if isinstance(reply, bytes):  # PING's reply outside subscribed mode
-            self._pong(reply)
-            return
-        if not isinstance(reply, list) or len(reply) < 2:
-            log.warning("pub/sub: unexpected reply %r", reply)
-            return
-        kind = reply[0]
-        if kind == b"message":
-            self._notified(reply[1], reply[2])
-        elif kind == b"pong":
-            self._pong(reply[1])
-        elif kind == b"subscribe":
-            self._refused = None
-            self._subscribed(reply[1])
-
-    def _pong(self, token: bytes) -> None:
-        """Confirm the subscriptions sent before ``PING <token>``, or fail them when Redis refused them."""
-        refused, self._refused = self._refused, None
-        for barrier in self._barriers.pop(token, []):
-            if barrier.done():
-                continue
-            if refused is None:
-                barrier.set_result(None)
-            else:
-                barrier.set_exception(RedisError(f"SUBSCRIBE refused: {refused}"))
 
     def _notified(self, channel: bytes, payload: bytes) -> None:
         """Apply one live notification (either pub/sub); stage its topic when its events were accepted."""
@@ -435,7 +279,7 @@ class Hub:
         and no subscription awaits its confirmation (a joining reader would wait).
         """
         asked, self._asked = self._asked, False
-        if not asked or self._carrying or self._barriers or (self._shards is not None and self._shards.confirming()):
+        if not asked or self._carrying or self._subs.confirming():
             return 0.0
         return self._reads.hold_s()
 
@@ -453,47 +297,3 @@ class Hub:
                 for reader in list(topic.live):
                     if reader.beat is not None:
                         reader.beat(now)
-
-    async def _audit_loop(self) -> None:
-        failing_since: float | None = None
-        while not self._closing:
-            await asyncio.sleep(self._audit_s)
-            began = time.monotonic()
-            try:
-                # bounded by its interval: the client's timeout bounds each attempt, not its retries and
-                # reconnects; but never below that timeout, within which a slow Redis still answers
-                async with asyncio.timeout(self._audit_bound_s):
-                    await audit(self._store, list(self._topics.values()), self._audit_s)
-            except (*REDIS_ERRORS, TimeoutError) as exc:  # a cluster client raises RedisClusterException too
-                log.warning("live audit failed: %s", str(exc) or f"no answer within {self._audit_bound_s:g}s")
-                if failing_since is None:
-                    failing_since = began
-                else:
-                    self._end_unheard(failing_since)
-            else:
-                failing_since = None
-
-    def _end_unheard(self, since: float) -> None:
-        """Close the live readers of every topic that heard nothing since ``since``, two audits having failed.
-
-        Redis answers neither the audit nor (it seems) the subscription: a partition, a
-        frozen server. Their responses end, so each client reconnects with ``Last-Event-ID``
-        (to another publisher, or here once Redis answers) instead of getting only
-        heartbeats while the stream may go on without them.
-        """
-        unheard = [topic for topic in self._topics.values() if topic.live and topic.heard_s <= since]
-        if unheard:
-            log.warning("Redis has not answered two live audits: closing the live readers of %d stream(s) "
-                        "that heard nothing meanwhile; they reconnect and resume", len(unheard))
-        for topic in unheard:
-            topic.end_live("shutdown")
-
-def _runs(batch: Sequence[tuple[str, bytes, Topic | None]]) -> list[tuple[str, list[tuple[bytes, Topic | None]]]]:
-    """Group consecutive commands of one kind, keeping their order: ``[(op, [(channel, topic)])]``."""
-    runs: list[tuple[str, list[tuple[bytes, Topic | None]]]] = []
-    for op, channel, topic in batch:
-        if runs and runs[-1][0] == op:
-            runs[-1][1].append((channel, topic))
-        else:
-            runs.append((op, [(channel, topic)]))
-    return runs

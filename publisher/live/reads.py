@@ -36,6 +36,7 @@ from typing import Final
 from redis.exceptions import ResponseError
 
 from infra.storage import error_code
+from publisher.history.entries import Page
 from publisher.history.store import Store
 from publisher.live.topic import Topic
 
@@ -142,33 +143,41 @@ class LiveReads:
         finally:
             for topic in batch:
                 topic.reading = False
-        failed = [(topic, page) for topic, page in zip(batch, pages, strict=True)
-                  if isinstance(page, BaseException) and not _history_gone(page)]
-        if failed:
-            log.warning("live read of %d stream(s) failed (%s: %s); retrying in %ss",
-                        len(failed), failed[0][0].stream_id, failed[0][1], RETRY_S)
-            loop = asyncio.get_running_loop()
-            for topic, _ in failed:
-                topic.pending, topic.reading = True, True  # notifications wait in its backlog meanwhile
-                loop.call_later(RETRY_S, self._retry, topic)
+        self._retry_failed([(topic, page) for topic, page in zip(batch, pages, strict=True)
+                            if isinstance(page, BaseException) and not _history_gone(page)])
         for topic, start, page in zip(batch, starts, pages, strict=True):
-            if isinstance(page, BaseException):
-                if _history_gone(page):
-                    log.warning("stream %s: its events key holds another type (%s); closing its %d live reader(s)"
-                                " with stream.gap", topic.stream_id, page, len(topic.live))
-                    topic.end_live("gap")
-                continue
-            try:
-                if topic.fetched != start:  # its live set emptied and restarted meanwhile
+            self._deliver(topic, start, page)
+
+    def _retry_failed(self, failed: list[tuple[Topic, Page | BaseException]]) -> None:
+        """Read the topics whose read failed again after :data:`RETRY_S` (one warning for them all)."""
+        if not failed:
+            return
+        log.warning("live read of %d stream(s) failed (%s: %s); retrying in %ss",
+                    len(failed), failed[0][0].stream_id, failed[0][1], RETRY_S)
+        loop = asyncio.get_running_loop()
+        for topic, _ in failed:
+            topic.pending, topic.reading = True, True  # notifications wait in its backlog meanwhile
+            loop.call_later(RETRY_S, self._retry, topic)
+
+    def _deliver(self, topic: Topic, start: int, page: Page | BaseException) -> None:
+        """Offer one topic the page read after ``start`` (a read that failed for good closes it with a gap)."""
+        if isinstance(page, BaseException):
+            if _history_gone(page):
+                log.warning("stream %s: its events key holds another type (%s); closing its %d live reader(s)"
+                            " with stream.gap", topic.stream_id, page, len(topic.live))
+                topic.end_live("gap")
+            return
+        try:
+            if topic.fetched != start:  # its live set emptied and restarted meanwhile
+                topic.pending = True
+            elif topic.check_generation(page.epoch if page else None):  # another one closes its readers
+                topic.offer(page)
+                if len(page) >= self._store.page:  # more stored after this page
                     topic.pending = True
-                elif topic.check_generation(page.epoch if page else None):  # another one closes its readers
-                    topic.offer(page)
-                    if len(page) >= self._store.page:  # more stored after this page
-                        topic.pending = True
-                self._settle(topic)
-            except Exception:  # a bug: this stream's readers reconnect and resume; the others go on
-                log.exception("live delivery of stream %s failed", topic.stream_id)
-                topic.end_live("shutdown")  # its readers reconnect and resume
+            self._settle(topic)
+        except Exception:  # a bug: this stream's readers reconnect and resume; the others go on
+            log.exception("live delivery of stream %s failed", topic.stream_id)
+            topic.end_live("shutdown")  # its readers reconnect and resume
 
     def _retry(self, topic: Topic) -> None:
         topic.reading = False

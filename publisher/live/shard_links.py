@@ -34,10 +34,8 @@ Follows the Redis pages "Pub/Sub" (sharded Pub/Sub), SSUBSCRIBE, SUNSUBSCRIBE, P
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -47,7 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from infra.redis_client import REDIS_ERRORS
-from publisher.live.pubsub import Endpoint, PubSubLink
+from publisher.live.shard import Shard, runs
 from publisher.live.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -60,56 +58,6 @@ STALE_MAP_HEALS: Final = 10
 dropped a channel is taken as stale: the channel waits for a map naming its new owner
 (after a failover, the old master, now a replica, would still accept it). Past them the
 map is believed and the channel subscribed there again."""
-
-
-def node_endpoint(node: ClusterNode) -> Endpoint:
-    """Return the :class:`Endpoint` of a cluster node (its host, port and the client's credentials and name)."""
-    kwargs = node.connection_kwargs
-    return Endpoint(host=node.host, port=int(node.port), username=kwargs.get("username"),
-                    password=kwargs.get("password"), tls="SSL" in node.connection_class.__name__,
-                    client_name=kwargs.get("client_name"))
-
-
-REFUSED_LOG_S: Final = 60.0
-"""While a node keeps refusing subscriptions (``NOPERM``), one warning per this many seconds per node."""
-
-
-class _Shard:
-    """One primary's subscriber connection and the channels routed to it."""
-
-    def __init__(self, node: ClusterNode, on_push: Callable[[_Shard, Any], None], batch_s: float,
-                 on_read: Callable[[], None], hold: Callable[[], float]) -> None:
-        self.name = node.name
-        self.link = PubSubLink(node_endpoint(node), lambda reply: on_push(self, reply), lambda exc: self.lost.set(),
-                               batch_s, on_read, hold=hold)
-        self.channels: set[bytes] = set()
-        """Channels routed here (subscribed, or to be)."""
-        self.subscribed: set[bytes] = set()
-        """Channels Redis confirmed on this connection (``ssubscribe`` minus ``sunsubscribe`` pushes)."""
-        self.unsubs: collections.Counter[bytes] = collections.Counter()
-        """``SUNSUBSCRIBE`` sent and not answered yet, per channel (their pushes are expected)."""
-        self.dropped: dict[bytes, int] = {}
-        """Channels this node dropped on its own, and how many heals since found it still named owner."""
-        self.barriers: dict[bytes, list[tuple[bytes, asyncio.Future[None]]]] = {}
-        self.pending: list[tuple[str, bytes]] = []
-        self.lost = asyncio.Event()
-        self.retired = False
-        self.task: asyncio.Task[None] | None = None
-        self.heal: asyncio.Task[None] | None = None
-        self.healed_s = 0.0
-        self.refused: hiredis.ReplyError | None = None
-        """A ``NOPERM`` since the last ``PING`` reply: that barrier fails what it did not confirm."""
-        self.refused_logged_s = float("-inf")
-
-    def reset(self) -> None:
-        """Forget the state of a previous connection."""
-        self.dropped.clear()
-        self.lost.clear()
-        self.pending.clear()
-        self.subscribed.clear()
-        self.unsubs.clear()
-        self.barriers.clear()
-        self.refused = None
 
 
 class ShardLinks:
@@ -133,8 +81,8 @@ class ShardLinks:
         self._cluster = cluster
         self._topic_of, self._on_message, self._on_subscribed = topic_of, on_message, on_subscribed
         self._batch_s, self._on_read, self._hold = batch_s, on_read, hold
-        self._shards: dict[str, _Shard] = {}
-        self._route: dict[bytes, _Shard] = {}
+        self._shards: dict[str, Shard] = {}
+        self._route: dict[bytes, Shard] = {}
         self._flush_due = False
         self._closing = False
 
@@ -186,7 +134,7 @@ class ShardLinks:
             node = primaries[0]
         shard = self._shards.get(node.name)
         if shard is None:
-            shard = self._shards[node.name] = _Shard(node, self._push, self._batch_s, self._on_read, self._hold)
+            shard = self._shards[node.name] = Shard(node, self._push, self._batch_s, self._on_read, self._hold)
             shard.task = asyncio.create_task(self._run(shard))
         self._route[channel] = shard
         shard.channels.add(channel)
@@ -214,29 +162,11 @@ class ShardLinks:
             if not shard.pending or not shard.link.connected:
                 continue
             batch, shard.pending = shard.pending, []
-            for op, run in _runs(batch):
+            for op, run in runs(batch):
                 if op == "sub":
-                    self._subscribe(shard, run)
+                    shard.subscribe(self._by_slot(run), self._topic_of)
                 else:
-                    self._unsubscribe(shard, run)
-
-    def _subscribe(self, shard: _Shard, channels: Iterable[bytes]) -> None:
-        """``SSUBSCRIBE`` per slot, then one ``PING`` whose reply confirms them all."""
-        barrier = []
-        for run in self._by_slot(channels):
-            shard.link.send("SSUBSCRIBE", *run)
-            for channel in run:
-                topic = self._topic_of(channel)
-                if topic is not None and not topic.ready.done():
-                    barrier.append((channel, topic.ready))
-        token = uuid.uuid4().hex.encode()
-        shard.barriers[token] = barrier
-        shard.link.send("PING", token)
-
-    def _unsubscribe(self, shard: _Shard, channels: Iterable[bytes]) -> None:
-        for run in self._by_slot(channels):
-            shard.unsubs.update(run)
-            shard.link.send("SUNSUBSCRIBE", *run)
+                    shard.unsubscribe(self._by_slot(run))
 
     def _by_slot(self, channels: Iterable[bytes]) -> list[list[bytes]]:
         runs: dict[int, list[bytes]] = {}
@@ -246,7 +176,7 @@ class ShardLinks:
 
     # -- one link's life ---------------------------------------------------------------------------
 
-    async def _run(self, shard: _Shard) -> None:
+    async def _run(self, shard: Shard) -> None:
         """Keep the link open while channels are routed to it; after each (re)connect, subscribe them all."""
         while not self._closing and not shard.retired:
             try:
@@ -254,7 +184,7 @@ class ShardLinks:
             except RedisError as exc:
                 log.warning("sharded pub/sub: connection to %s failed (%s); rerouting in %ss", shard.name, exc,
                             RETRY_S)
-                self._fail(shard, exc)
+                shard.fail(self._topic_of, exc)
                 await asyncio.sleep(RETRY_S)
                 await self._reroute(shard)
                 continue
@@ -263,25 +193,17 @@ class ShardLinks:
                 return
             shard.reset()
             if shard.channels:
-                self._subscribe(shard, list(shard.channels))
+                shard.subscribe(self._by_slot(list(shard.channels)), self._topic_of)
             await shard.lost.wait()
             if self._closing or shard.retired:
                 return
             log.warning("sharded pub/sub: connection to %s lost; rerouting its %d channels in %ss", shard.name,
                         len(shard.channels), RETRY_S)
-            self._fail(shard, RedisConnectionError(f"sharded pub/sub connection to {shard.name} lost"))
+            shard.fail(self._topic_of, RedisConnectionError(f"sharded pub/sub connection to {shard.name} lost"))
             await asyncio.sleep(RETRY_S)
             await self._reroute(shard)
 
-    def _fail(self, shard: _Shard, exc: RedisError) -> None:
-        """Fail the link's unconfirmed subscriptions: their confirmation may never come (those readers retry)."""
-        shard.barriers.clear()
-        for channel in shard.channels:
-            topic = self._topic_of(channel)
-            if topic is not None and not topic.ready.done():
-                topic.ready.set_exception(exc)
-
-    def _retire(self, shard: _Shard) -> None:
+    def _retire(self, shard: Shard) -> None:
         shard.retired = True
         if self._shards.get(shard.name) is shard:
             del self._shards[shard.name]
@@ -297,7 +219,7 @@ class ShardLinks:
         except (*REDIS_ERRORS, OSError) as exc:
             log.warning("sharded pub/sub: slot map not refreshed (%s)", exc)
 
-    async def _reroute(self, shard: _Shard) -> None:
+    async def _reroute(self, shard: Shard) -> None:
         """Refresh the slot map; move ``shard``'s channels to their owners; resubscribe those it lost."""
         await self._refresh()
         if shard.retired:
@@ -322,12 +244,12 @@ class ShardLinks:
             self._heal_soon(shard)
         self._schedule()
 
-    def _heal_soon(self, shard: _Shard) -> None:
+    def _heal_soon(self, shard: Shard) -> None:
         """Reroute a connected link after a refusal or a lost subscription (at most once per :data:`RETRY_S`)."""
         if shard.heal is None and not shard.retired:
             shard.heal = asyncio.create_task(self._heal(shard))
 
-    async def _heal(self, shard: _Shard) -> None:
+    async def _heal(self, shard: Shard) -> None:
         wait_s = shard.healed_s + RETRY_S - time.monotonic()
         if wait_s > 0:
             await asyncio.sleep(wait_s)
@@ -335,7 +257,7 @@ class ShardLinks:
         shard.heal = None
         await self._reroute(shard)
 
-    def _push(self, shard: _Shard, reply: Any) -> None:
+    def _push(self, shard: Shard, reply: Any) -> None:
         """Handle one reply of a link: RESP2 ``[kind, channel, data]`` pushes, ``PING`` replies, errors."""
         if isinstance(reply, list) and len(reply) >= 2:
             kind, channel = reply[0], reply[1]
@@ -346,65 +268,33 @@ class ShardLinks:
             elif kind == b"sunsubscribe":
                 self._dropped(shard, channel)
             elif kind == b"pong":
-                self._barrier(shard, channel)
+                shard.confirm(channel)
             else:
                 log.warning("sharded pub/sub: unexpected push %r from %s", kind, shard.name)
         elif isinstance(reply, bytes):  # PING answered outside subscribed mode (every SSUBSCRIBE failed)
-            self._barrier(shard, reply)
+            shard.confirm(reply)
         elif isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOPERM"):
-            shard.refused = reply  # an ACL without these channels: a new slot map would not help
-            now = time.monotonic()
-            if now - shard.refused_logged_s >= REFUSED_LOG_S:
-                shard.refused_logged_s = now
-                log.warning("sharded pub/sub: %s refused an SSUBSCRIBE (%s); its readers are told to retry",
-                            shard.name, reply)
+            shard.refuse(reply)  # an ACL without these channels: a new slot map would not help
         elif isinstance(reply, hiredis.ReplyError):
             log.info("sharded pub/sub: %s refused a command (%s); reading the slot map again", shard.name, reply)
             self._heal_soon(shard)
         else:
             log.warning("sharded pub/sub: unexpected reply %r from %s", reply, shard.name)
 
-    def _confirmed(self, shard: _Shard, channel: bytes) -> None:
+    def _confirmed(self, shard: Shard, channel: bytes) -> None:
         shard.subscribed.add(channel)
         shard.dropped.pop(channel, None)
         if self._route.get(channel) is shard:
             self._on_subscribed(channel)
         else:  # routed elsewhere meanwhile (or left): do not keep a second subscription here
-            self._unsubscribe(shard, [channel])
+            shard.unsubscribe(self._by_slot([channel]))
 
-    def _dropped(self, shard: _Shard, channel: bytes) -> None:
-        shard.subscribed.discard(channel)
-        if shard.unsubs[channel] > 0:
-            shard.unsubs[channel] -= 1
+    def _dropped(self, shard: Shard, channel: bytes) -> None:
+        if shard.unsubscribed(channel):
             return
         if self._route.get(channel) is shard:  # Redis dropped it: its slot moved, or the node became a replica
             log.info("sharded pub/sub: %s dropped %r; reading the slot map again", shard.name, channel)
             shard.dropped[channel] = 0
             self._heal_soon(shard)
 
-    def _barrier(self, shard: _Shard, token: bytes) -> None:
-        """Confirm the subscriptions sent before ``PING <token>`` that Redis accepted.
 
-        The others heal (a slot moved meanwhile), unless Redis refused them (``NOPERM``):
-        those fail at once, so their readers get the ``retry:`` answer now instead of after
-        ``FANOUT_SUBSCRIBE_TIMEOUT_S``.
-        """
-        refused, shard.refused = shard.refused, None
-        for channel, future in shard.barriers.pop(token, []):
-            if future.done():
-                continue
-            if channel in shard.subscribed:
-                future.set_result(None)
-            elif refused is not None:
-                future.set_exception(RedisError(f"Redis refused the subscription: {refused}"))
-
-
-def _runs(batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:
-    """Group consecutive commands of one kind, keeping their order."""
-    runs: list[tuple[str, list[bytes]]] = []
-    for op, channel in batch:
-        if runs and runs[-1][0] == op:
-            runs[-1][1].append(channel)
-        else:
-            runs.append((op, [channel]))
-    return runs

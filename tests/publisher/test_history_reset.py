@@ -37,6 +37,8 @@ from tools.upstream import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = "several_blocks_thinking_text_two_tools"
+pytestmark = pytest.mark.faults
+"""The chaos check of issue 21 item 1: it runs with `make test` and alone with ``pytest -m faults``."""
 GOLDEN = ROOT / "transcripts" / "anthropic" / f"{CASE}.events.jsonl"
 HELD = 6
 """Events the live reader holds before Redis is killed."""

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from publisher.live import hub as hub_module
+from publisher.live import classic_link
 from schema.contract import BlockRef, BlockStart, ErrorInfo, StreamError, StreamStart, encode_event
 from schema.keys import Keys
 from tests.publisher.helpers import API_KEY, make_settings, running_publisher
@@ -151,7 +151,7 @@ async def test_an_unreachable_redis_is_logged_once_not_at_every_retry(caplog: py
     keys = Keys(f"down{os.getpid()}")
     with caplog.at_level(logging.WARNING, logger="publisher.live.hub"):
         async with running_publisher("redis://127.0.0.1:1/0", keys):
-            await asyncio.sleep(hub_module.RETRY_S * 4)  # four retries at least
+            await asyncio.sleep(classic_link.RETRY_S * 4)  # four retries at least
     failed = [r for r in caplog.records if "pub/sub connection failed" in r.getMessage()]
     assert len(failed) == 1
     assert "1 attempts so far" in failed[0].getMessage()

@@ -1,1 +1,1 @@
-"""``fanout demo``: the demo page and its routes, the case catalogue, the terminal view and the whole-stack launcher."""
+"""``fanout demo``: the page, its routes, the case catalogue, the view, the streams and the stack launcher."""
