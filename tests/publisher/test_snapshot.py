@@ -31,6 +31,8 @@ from tests.publisher.helpers import (
 )
 from tests.publisher.test_ui_node import golden_events
 
+pytestmark = pytest.mark.topologies
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = sorted((ROOT / "transcripts").glob("*/*.events.jsonl"))
 
