@@ -46,6 +46,7 @@ from publisher.api.positions import Position, check_first_page, early_answer, pa
 from publisher.api.problems import ProblemError
 from publisher.api.snapshot import read_snapshot, wants_snapshot
 from publisher.history.entries import Page
+from publisher.history.store import StreamInfo
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.live.session import Session
@@ -154,19 +155,34 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     hub = app[HUB]
     try:
         await hub.join(reader)
-        prelude, final = b"", False
-        if snapshot:  # stands for the history up to its seq: the reader goes on from there
-            prelude, reader.cursor, final, info = await read_snapshot(request, stream_id, scope, info)
-            reader.epoch = reader_epoch(info)
-        asked = app[STORE].first_page
-        first = [await app[STORE].read_after(stream_id, reader.cursor, asked, share=hub.share_key(reader))]  # handed on
-        await check_first_page(request, info, first[0], reader)
-        await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq, prelude=prelude,
-                           final=final)
+        first, prelude, final, info = await _first_read(request, scope, info, reader, snapshot=snapshot)
+        await stream.start(reader, Projection(scope), first, asked=app[STORE].first_page, known_top=info.last_seq,
+                           prelude=prelude, final=final)
     except BaseException:
         hub.leave(reader)  # a started event stream leaves the hub when it ends
         raise
     return stream
+
+
+async def _first_read(request: web.Request, scope: Scope, info: StreamInfo, reader: Reader, *,
+                      snapshot: bool) -> tuple[list[Page], bytes, bool, StreamInfo]:
+    """Read what the response starts with: ``([first page], snapshot message or b"", snapshot is final, info)``.
+
+    A snapshot stands for the history up to its seq: the reader's cursor moves there and
+    the first page is read after it; a finished stream's snapshot is all there is (no read).
+
+    Raises:
+        ProblemError: 410 as :func:`check_first_page` and :func:`publisher.api.snapshot.read_snapshot` say.
+    """
+    store, hub, prelude = request.app[STORE], request.app[HUB], b""
+    if snapshot:
+        prelude, reader.cursor, final, info = await read_snapshot(request, reader.stream_id, scope, info)
+        reader.epoch = reader_epoch(info)
+        if final:
+            return [Page()], prelude, True, info
+    first = [await store.read_after(reader.stream_id, reader.cursor, store.first_page, share=hub.share_key(reader))]
+    await check_first_page(request, info, first[0], reader)
+    return first, prelude, False, info  # the page list is handed on: no frame keeps the page
 
 
 class EventStream(web.StreamResponse):

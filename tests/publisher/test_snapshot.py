@@ -24,6 +24,7 @@ from tests.publisher.helpers import (
     block_start,
     delta,
     done,
+    recording_redis,
     start,
     stop,
     text_stream,
@@ -105,6 +106,23 @@ async def test_snapshot_of_a_finished_stream_is_its_whole_result_in_one_frame_an
     assert snapshot.result.blocks[0].text == "".join(f"t{i} " for i in range(300))  # type: ignore[union-attr]
     assert snapshot.ts == events[-1].ts
     jsonschema.validate(msgspec.json.decode(messages[0]["data"]), build_schema())
+
+
+async def test_many_reloads_of_a_finished_stream_read_its_events_once(ctx: Ctx) -> None:
+    wrap, hooked = recording_redis(ctx.keys.events(ctx.sid))
+    server = await ctx.start_app(wrap_redis=wrap)
+    events = text_stream(ctx.sid, 100)
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*events)
+    url = server.url(f"/v1/streams/{ctx.sid}/events?snapshot=1")
+
+    async def reload() -> bytes:
+        async with ctx.http.get(url, headers=bearer(token_for(ctx.sid))) as resp:
+            return await resp.read()
+
+    bodies = set(await asyncio.gather(*(reload() for _ in range(20))))
+    bodies.add(await reload())
+    assert len(bodies) == 1  # the same bytes for every reader
+    assert len(hooked[0].xrange_calls) == 1  # one assembly (one page) for all of them, shared and kept
 
 
 async def test_late_joiner_of_a_running_stream_gets_the_current_text_in_one_frame_then_live_events(ctx: Ctx) -> None:
