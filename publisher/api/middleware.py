@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ALLOW_METHODS = "GET, POST, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
-EXPOSE_HEADERS = "Location, Retry-After, WWW-Authenticate"
+ALLOW_HEADERS = "Authorization, Content-Type, If-None-Match, Last-Event-ID"
+EXPOSE_HEADERS = "ETag, Location, Retry-After, WWW-Authenticate"
 PREFLIGHT_MAX_AGE_S = 600
 
 

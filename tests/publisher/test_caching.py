@@ -172,3 +172,19 @@ async def test_the_304_check_follows_authorization(ctx: Ctx) -> None:
                             headers={**bearer(token_for("st_other")), "If-None-Match": tag}) as resp:
         assert resp.status == 403
 
+
+
+async def test_a_cross_origin_page_may_revalidate_and_reads_the_tag(ctx: Ctx) -> None:
+    origin = "https://app.example"
+    server = await ctx.start_app(make_settings(cors_origins=[origin]))
+    await finished(ctx)
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "GET",
+                 "Access-Control-Request-Headers": "authorization, if-none-match"}
+    async with ctx.http.options(server.url(f"/v1/streams/{ctx.sid}"), headers=preflight) as resp:
+        allowed = {h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")}
+        assert "if-none-match" in allowed
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}"),
+                            headers={**bearer(token_for(ctx.sid)), "Origin": origin}) as resp:
+        assert "ETag" in resp.headers["Access-Control-Expose-Headers"]
+        assert {"Authorization", "Origin"} <= {v.strip() for value in resp.headers.getall("Vary")
+                                                for v in value.split(",")}
