@@ -18,6 +18,7 @@ from tests.publisher.conftest import Ctx
 from tests.publisher.helpers import (
     API_KEY,
     GUARD_S,
+    HookedRedis,
     SSEClient,
     StreamWriter,
     bearer,
@@ -182,6 +183,26 @@ async def test_public_snapshot_and_its_tail_leave_internal_reasoning_out_at_ever
     for split in range(1, len(events)):
         tail = await read_all(ctx, sid, {**public, "Last-Event-ID": str(split)})
         assert all("secret" not in m["data"] and "plan" not in m["data"] for m in tail), split
+
+
+async def test_a_stream_written_again_while_its_snapshot_is_assembled_is_snapshotted_in_its_new_generation(
+        ctx: Ctx) -> None:
+    old, new = text_stream(ctx.sid, 3), [start(ctx.sid), block_start(ctx.sid, 2, 0), delta(ctx.sid, 3, 0, "again")]
+
+    async def written_again() -> None:  # between the entries read and the epoch read after them
+        await ctx.redis.delete(ctx.keys.events(ctx.sid), ctx.keys.meta(ctx.sid))
+        await StreamWriter(ctx.redis, ctx.keys, ctx.sid, epoch=b"e2").append(*new, notify=False)
+
+    server = await ctx.start_app(wrap_redis=lambda client: HookedRedis(client, ctx.keys.events(ctx.sid),
+                                                                       bool, written_again))
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid, epoch=b"e1").append(*old, notify=False)
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/events?snapshot=1"),
+                            headers=bearer(token_for(ctx.sid))) as resp:
+        assert resp.status == 200
+        message = await SSEClient(resp).next_event()
+    assert message is not None
+    assert message["id"] == "3.e2"
+    assert decode_snapshot(message["data"]).result == reduce(new)  # nothing of the first generation
 
 
 async def test_snapshot_of_a_queued_stream_is_empty_at_seq_0(ctx: Ctx) -> None:
