@@ -13,6 +13,7 @@ tombstone only, position = its last seq                     204
 tombstone only, any other position                          410 ``history-expired``
 position above the stored top (meta ``last_seq``)           410 ``position-ahead``
 ended and position = last seq                               204
+ended, ``If-None-Match`` names the response's ``ETag``      304 (:mod:`publisher.api.caching`)
 first entry after the position is not position + 1         410 ``history-trimmed``
 events gone although meta says more exist                   410 ``history-expired``
 the first page read belongs to another generation           410 ``history-reset``
@@ -23,7 +24,9 @@ The position is ``Last-Event-ID``, else the ``last_event_id`` query parameter, e
 (an empty value counts as absent, as EventSource never sends one): ``<seq>`` (no
 generation check, as before contract 1.1) or ``<seq>.<epoch>``, the SSE ``id`` of the
 event the client holds. Every ``id:`` sent is ``<seq>.<epoch>`` once the stream has an
-epoch. The live subscription is taken before the first history read (B18).
+epoch. The live subscription is taken before the first history read (B18). Without a
+position, ``?snapshot=1`` sends one ``stream.snapshot`` first and the history after its
+seq (:mod:`publisher.api.snapshot`, which tables its own answers).
 
 Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
 """
