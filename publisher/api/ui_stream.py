@@ -125,7 +125,8 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, *, resume:
         await hub.join(reader)
         page = await request.app[STORE].read_after(stream_id, 0)
         await check_first_page(request, info, page, reader)
-        return await _serve(request, reader, UIWriter(Projection(scope)), page, info.last_seq, cache=fresh)
+        writer = UIWriter(Projection(scope), request.app[SETTINGS].ui_join_max_chars)
+        return await _serve(request, reader, writer, page, info.last_seq, cache=fresh)
     finally:
         hub.leave(reader)
 
@@ -145,12 +146,13 @@ class UIWriter:
 
     Args:
         projection: What the reader may see (internal reasoning left out of public tokens).
+        join_max_chars: Most replayed text held for joining (``FANOUT_UI_JOIN_MAX_CHARS``).
     """
 
-    def __init__(self, projection: Projection) -> None:
+    def __init__(self, projection: Projection, join_max_chars: int) -> None:
         self.projection = projection
         self.translator = UIMessageTranslator()
-        self.joiner: DeltaJoiner | None = DeltaJoiner()
+        self.joiner: DeltaJoiner | None = DeltaJoiner(join_max_chars)
 
     def live(self) -> bytes:
         """Return the deltas held from the replay, joined; from now on every delta is sent as it comes."""

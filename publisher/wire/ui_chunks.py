@@ -199,11 +199,18 @@ class DeltaJoiner:
     Delta chunks (``text-delta``, ``reasoning-delta``, ``tool-input-delta``) are held, each
     block's joined in arrival order; any other chunk first releases every held delta (in
     the order their blocks first had one), then passes. So no delta moves past another
-    chunk, and the SDK, which appends deltas per block id, builds the same message.
+    chunk, and the SDK, which appends deltas per block id, builds the same message. The
+    text held is bounded: once it passes ``max_chars`` it is released as it stands (a
+    longer block then arrives in a few deltas, each about ``max_chars``).
+
+    Args:
+        max_chars: Most characters held before they are released (``FANOUT_UI_JOIN_MAX_CHARS``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_chars: int) -> None:
         self._held: dict[tuple[str, str], tuple[Chunk, list[str]]] = {}
+        self._max_chars = max_chars
+        self._chars = 0
 
     def feed(self, chunks: list[Chunk]) -> list[Chunk]:
         """Return the chunks to send now for ``chunks`` (delta chunks are held instead)."""
@@ -214,12 +221,15 @@ class DeltaJoiner:
                 out += self.flush()
                 out.append(chunk)
                 continue
-            key = (chunk["type"], chunk[fields[0]])
+            key, text = (chunk["type"], chunk[fields[0]]), chunk[fields[1]]
             held = self._held.get(key)
             if held is None:
-                self._held[key] = (chunk, [chunk[fields[1]]])
+                self._held[key] = (chunk, [text])
             else:
-                held[1].append(chunk[fields[1]])
+                held[1].append(text)
+            self._chars += len(text)
+            if self._chars > self._max_chars:
+                out += self.flush()
         return out
 
     def flush(self) -> list[Chunk]:
@@ -228,4 +238,5 @@ class DeltaJoiner:
         for (kind, _), (first, parts) in self._held.items():
             out.append({**first, _DELTA_TEXT[kind][1]: "".join(parts)})
         self._held.clear()
+        self._chars = 0
         return out

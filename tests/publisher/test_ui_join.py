@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,16 @@ import pytest
 from publisher.wire.ui_chunks import Chunk, DeltaJoiner, UIMessageTranslator
 from schema.contract import Event, decode_event
 from tests.publisher.conftest import Ctx
-from tests.publisher.helpers import StreamWriter, bearer, block_start, delta, start, token_for
+from tests.publisher.helpers import (
+    StreamWriter,
+    bearer,
+    block_start,
+    delta,
+    make_settings,
+    start,
+    text_stream,
+    token_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = sorted((ROOT / "transcripts").glob("*/*.events.jsonl"))
@@ -23,7 +33,7 @@ def golden(path: Path) -> list[Event]:
 
 
 def chunks_of(events: list[Event], *, join: bool) -> list[Chunk]:
-    translator, joiner, out = UIMessageTranslator(), DeltaJoiner(), []
+    translator, joiner, out = UIMessageTranslator(), DeltaJoiner(1 << 20), []
     for event in events:
         chunks = translator.feed(event)
         out += joiner.feed(chunks) if join else chunks
@@ -59,7 +69,7 @@ def test_joined_chunks_build_the_same_message_with_one_delta_per_block_run(path:
 
 
 def test_interleaved_blocks_keep_their_own_text() -> None:
-    joiner = DeltaJoiner()
+    joiner = DeltaJoiner(1 << 20)
     fed = [{"type": "tool-input-delta", "toolCallId": "a", "inputTextDelta": '{"x"'},
            {"type": "tool-input-delta", "toolCallId": "b", "inputTextDelta": '{"y"'},
            {"type": "tool-input-delta", "toolCallId": "a", "inputTextDelta": ":1}"}]
@@ -68,6 +78,28 @@ def test_interleaved_blocks_keep_their_own_text() -> None:
         {"type": "tool-input-delta", "toolCallId": "a", "inputTextDelta": '{"x":1}'},
         {"type": "tool-input-delta", "toolCallId": "b", "inputTextDelta": '{"y"'},
         {"type": "finish-step"}]
+
+
+def test_held_text_is_released_once_it_passes_the_limit() -> None:
+    joiner = DeltaJoiner(10)
+    chunk = {"type": "text-delta", "id": "b0"}
+    assert joiner.feed([{**chunk, "delta": "12345"}, {**chunk, "delta": "67890"}]) == []  # 10: at the limit
+    assert joiner.feed([{**chunk, "delta": "X"}]) == [{**chunk, "delta": "1234567890X"}]  # 11: past it
+    assert joiner.feed([{**chunk, "delta": "a"}, {"type": "text-end", "id": "b0"}]) == [
+        {**chunk, "delta": "a"}, {"type": "text-end", "id": "b0"}]
+
+
+async def test_a_long_ui_replay_arrives_in_deltas_of_about_the_limit(ctx: Ctx) -> None:
+    server = await ctx.start_app(make_settings(ui_join_max_chars=100))
+    writer = StreamWriter(ctx.redis, ctx.keys, ctx.sid)
+    await writer.meta()
+    await writer.append(*text_stream(ctx.sid, 200))  # 200 deltas of 3 to 5 characters
+    async with ctx.http.get(server.url(f"/v1/streams/{ctx.sid}/ui"), headers=bearer(token_for(ctx.sid))) as resp:
+        body = await resp.text()
+    deltas = [json.loads(line[6:])["delta"] for line in body.split("\n\n") if '"text-delta"' in line]
+    assert "".join(deltas) == "".join(f"t{i} " for i in range(200))
+    assert all(101 <= len(text) <= 105 for text in deltas[:-1])  # released once past 100
+    assert 1 <= len(deltas[-1]) <= 105
 
 
 async def test_a_resumed_ui_request_of_a_running_stream_gets_each_blocks_text_in_one_delta(ctx: Ctx) -> None:
