@@ -2,7 +2,7 @@
 
 ``replay`` (offline normalization of a recorded body), ``worker``, ``publisher``,
 ``upstream`` (a local server replaying transcripts as a provider would), ``submit``,
-``tail``, ``demo`` and ``health``. Each subcommand's module is imported only when it runs.
+``tail``, ``demo``, ``health`` and ``upstreams``. Each subcommand's module is imported only when it runs.
 
 No user mistake prints a traceback: :func:`main` turns :class:`schema.cli.CommandError`
 and the foreign errors a user can cause (a file that cannot be read, a port in use, an
@@ -51,6 +51,8 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
                1: "Redis or the output failed; nothing acknowledged is lost (the message says if a rerun helps)",
                2: BAD_INPUT},
     "health": {0: "healthy", 1: "unhealthy (the reason is printed)", 2: BAD_INPUT},
+    "upstreams": {0: "listed",
+                  2: "bad input: the upstreams file (FANOUT_UPSTREAMS_FILE) cannot be read or has a mistake"},
 }
 """Command → exit status → meaning (docs/client.md, "Exit statuses"); 130 is Ctrl-C."""
 
@@ -65,6 +67,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("tools.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
     "health": ("tools.health",
                "exit 0 when Redis (and FANOUT_HEALTH_URL, if set) answer: the container check"),
+    "upstreams": ("tools.upstreams_cli",
+                  "list the endpoints and routes of FANOUT_UPSTREAMS_FILE (or today's variables), no secrets"),
 }
 """Subcommand → (module defining ``add_arguments(parser)`` and ``run(args) -> int``, help)."""
 

@@ -10,7 +10,10 @@ Drives the reference benchmark ``fanout_bench.py`` (``--ref``, default
 the product, its publisher loop's ``PUBLISH <live> <seq>`` is replaced by the payload the
 worker's append script publishes (:func:`publisher.live.notification.encode_notification`: the event
 itself), so both edges see the same three commands per event and the product is measured
-as deployed; ``--seq-only`` keeps the seq-only payload (an older worker). ``resume``
+as deployed: the product's events are stored in the compact form the worker writes
+(field ``c``, :mod:`schema.stored`) and notified compact; ``--json-form`` keeps the JSON
+form (field ``e``) of a worker before it; ``--seq-only`` keeps the seq-only payload (an
+older worker). ``resume``
 stores 10,000 events and times one reader from position 0 on each edge (TTFB and
 events/s): the median of ``--resume-runs`` reads after ``--resume-warmup`` reads, and
 apart from it the first read of the fresh process.
@@ -44,6 +47,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from publisher.live.notification import encode_notification
+from schema.contract import decode_event
+from schema.stored import encode_stored
 
 LIVE_MAX_BYTES = 64 * 1024
 ROWS: dict[str, dict[str, Any]] = {
@@ -55,19 +60,28 @@ ROWS: dict[str, dict[str, Any]] = {
 }
 
 
+def _stored(data: bytes, *, json_form: bool) -> tuple[str, bytes]:
+    """The (field, value) a worker stores for an event JSON: compact ``c``, or ``e`` with ``json_form``."""
+    event = None if json_form else decode_event(data)
+    return ("e", data) if event is None else ("c", encode_stored(event))
+
+
 class _FullPipe:
     """A redis-py pipeline whose ``publish(live, seq)`` carries the event XADDed before it."""
 
-    def __init__(self, pipe: Any) -> None:
-        self._pipe, self._event = pipe, b""
+    def __init__(self, pipe: Any, json_form: bool = False) -> None:
+        self._pipe, self._event, self._json_form = pipe, b"", json_form
 
     def xadd(self, name: Any, fields: dict[Any, Any], *args: Any, **kwargs: Any) -> Any:
-        self._event = fields.get("e", b"")
+        if "e" in fields and str(name).endswith(":events"):
+            field, self._event = _stored(fields["e"], json_form=self._json_form)
+            fields = {field: self._event}
         return self._pipe.xadd(name, fields, *args, **kwargs)
 
     def publish(self, channel: Any, message: Any) -> Any:
         seq = int(message)
-        return self._pipe.publish(channel, encode_notification(seq, [self._event], LIVE_MAX_BYTES))
+        return self._pipe.publish(channel, encode_notification(seq, [self._event], LIVE_MAX_BYTES,
+                                                               compact=not self._json_form))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipe, name)
@@ -76,11 +90,11 @@ class _FullPipe:
 class _FullConn:
     """The orchestrator's Redis connection, with :class:`_FullPipe` pipelines."""
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
+    def __init__(self, conn: Any, json_form: bool = False) -> None:
+        self._conn, self._json_form = conn, json_form
 
     def pipeline(self, *args: Any, **kwargs: Any) -> _FullPipe:
-        return _FullPipe(self._conn.pipeline(*args, **kwargs))
+        return _FullPipe(self._conn.pipeline(*args, **kwargs), self._json_form)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -92,7 +106,7 @@ def _args(ref: Any, a: argparse.Namespace, edge: str, row: dict[str, Any]) -> ar
         role="orchestrator", edge=edge, fanout_bin=a.fanout, auth="", redis_host="127.0.0.1",
         redis_port=a.redis_port, runs=1, payload_bytes=150, count=500, block_ms=5000, latency_clients=100,
         connect_s=row.get("connect_s", 60.0), drain_s=60.0, max_seconds=1500, json_out=None, edge_port=0,
-        max_redis_conns=4000, lifetime_s=600, n_clients=0, url="", deadline_s=120, out="",
+        max_redis_conns=4000, lifetime_s=600, n_clients=0, url="", deadline_s=120, out="", live_carry=False,
         clients=str(row["clients"]), streams=row["streams"], events=row["events"], rate=row["rate"])
 
 
@@ -102,7 +116,7 @@ def _cpu_per_delivery(run: dict[str, Any]) -> float:
 
 def run_row(name: str, a: argparse.Namespace, ref: Any, conn: Any, redis_proc: Any) -> dict[str, Any]:
     row = {**ROWS[name], "events": int(ROWS[name]["events"] * a.events_scale)}
-    product_conn = conn if a.seq_only else _FullConn(conn)
+    product_conn = conn if a.seq_only else _FullConn(conn, a.json_form)
     out: dict[str, Any] = {}
     if (name != "storm" or a.storm_naive) and not a.product_only:
         out["naive"] = ref.one_run(_args(ref, a, "naive", row), row["clients"], conn, redis_proc)
@@ -184,7 +198,8 @@ def run_resume(a: argparse.Namespace, ref: Any, conn: Any) -> dict[str, Any]:
     for seq in range(1, events + 1):
         data = (b'{"type":"block.delta","stream_id":"%s","seq":%d,"ts":0,"block":{"id":"b0","index":0,"kind":"text"},'
                 b'"delta":{"kind":"text","text":"%s"}}' % (sid.encode(), seq, pad.encode()))
-        pipe.xadd(f"{key}:events", {"e": data}, id=f"0-{seq}")
+        field, value = _stored(data, json_form=a.json_form)
+        pipe.xadd(f"{key}:events", {field: value}, id=f"0-{seq}")
         pipe.xadd(f"{prefix}-naive", {"d": data}, id=f"0-{seq}")  # no braces: the naive route takes the key raw
     pipe.execute()
     out: dict[str, Any] = {}
@@ -240,6 +255,7 @@ def main() -> None:
     ap.add_argument("--fanout", default=str(Path(sys.executable).with_name("fanout")))
     ap.add_argument("--ref", default="/work/shared/bench", help="directory of the reference fanout_bench.py")
     ap.add_argument("--seq-only", action="store_true", help="product gets seq-only notifications (older worker)")
+    ap.add_argument("--json-form", action="store_true", help="product's events stored as JSON (field e, older worker)")
     ap.add_argument("--events-scale", type=float, default=1.0, help="multiply each row's event count (longer runs)")
     ap.add_argument("--product-only", action="store_true", help="skip the naive edge (profiling; no ratios)")
     ap.add_argument("--storm-naive", action="store_true", help="also run the naive edge in the storm")

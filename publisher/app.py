@@ -52,10 +52,12 @@ from publisher.state import (
     STATUS_CACHE,
     STORE,
     TELEMETRY,
+    UPSTREAMS,
 )
 from publisher.telemetry import Telemetry
 from schema.keys import Keys
 from schema.settings import SettingsError
+from schema.upstreams import Upstreams, default_upstreams
 
 RUNNER_KWARGS: Final[dict[str, Any]] = {"access_log_class": MaskedAccessLogger, "handler_cancellation": True}
 """Keyword arguments for ``web.AppRunner`` / ``TestServer`` / ``web.run_app`` of this app."""
@@ -73,6 +75,7 @@ def create_app(
     meter_provider: metrics.MeterProvider | None = None,
     wrap_redis: RedisWrapper | None = None,
     plugins: Plugins | None = None,
+    upstreams: Upstreams | None = None,
 ) -> web.Application:
     """Build the publisher app.
 
@@ -85,6 +88,8 @@ def create_app(
         wrap_redis: Wraps the command client used for stream reads and writes.
         plugins: Optional routes by name (:data:`publisher.api.routes.Plugins`): ``demo``
             is installed with ``FANOUT_DEMO_PAGE=1``.
+        upstreams: Endpoints and routes submissions are checked against
+            (:func:`schema.upstreams.load_upstreams`); default: today's endpoints, no file.
 
     Raises:
         SettingsError: No usable ``FANOUT_TOKEN_SECRET`` outside dev mode, a
@@ -100,6 +105,7 @@ def create_app(
     install_log_filter()
     app[SETTINGS] = settings
     app[KEYS] = keys or Keys(settings.redis_prefix)
+    app[UPSTREAMS] = upstreams or default_upstreams({})
     app[SHARDS] = JobShards(app[KEYS], settings.job_shards)
     app[TELEMETRY] = Telemetry(tracer_provider, meter_provider)
     app[GATE] = ConnectionGate(settings.max_connections, settings.busy_retry_after_s)

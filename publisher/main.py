@@ -38,6 +38,8 @@ from publisher.telemetry import providers_from_env
 from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, port_number, redact_url
 from schema.settings import SettingsError
+from schema.upstreams import Upstreams
+from schema.upstreams_file import load_upstreams
 
 log = logging.getLogger("publisher")
 
@@ -67,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_env(os.environ, dev=True if args.dev else None, redis_url=args.redis_url,
                                      redis_prefix=args.redis_prefix)
+        upstreams = load_upstreams(os.environ)
     except SettingsError as exc:
         print(f"fanout publisher: {exc}", file=sys.stderr)
         return EXIT_USAGE
     check_redis_url(settings.redis_url, source="--redis-url" if args.redis_url else "REDIS_URL")
     try:
-        return run_loop(serve(settings, args.host, args.port, getattr(args, "plugins", None) or {}),
+        return run_loop(serve(settings, args.host, args.port, getattr(args, "plugins", None) or {}, upstreams),
                         use_uvloop=settings.uvloop)
     except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on a single node)
         print(f"fanout publisher: {exc}", file=sys.stderr)
@@ -96,10 +99,12 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def serve(settings: PublisherSettings, host: str, port: int, plugins: Plugins) -> int:
+async def serve(settings: PublisherSettings, host: str, port: int, plugins: Plugins,
+                upstreams: Upstreams | None = None) -> int:
     """Serve until SIGTERM/SIGINT, then shut down gracefully; return 0.
 
-    ``plugins``: optional routes (:data:`publisher.api.routes.Plugins`), from ``fanout_cli``.
+    ``plugins``: optional routes (:data:`publisher.api.routes.Plugins`), from ``fanout_cli``;
+    ``upstreams``: what submissions are checked against (default: today's endpoints).
     """
     providers = providers_from_env(os.environ)
     stop = asyncio.Event()
@@ -107,7 +112,7 @@ async def serve(settings: PublisherSettings, host: str, port: int, plugins: Plug
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     app = create_app(settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider,
-                     plugins=plugins)
+                     plugins=plugins, upstreams=upstreams)
     runner = EdgeRunner(app, handle_signals=False, shutdown_timeout=settings.shutdown_grace_s, **RUNNER_KWARGS)
     await runner.setup()
     try:

@@ -46,6 +46,13 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """``retry:`` hint sent at the start of every SSE response, milliseconds."""
     heartbeat_s: PositiveFloat = 15.0
     """Idle time after which an SSE response gets a ``: ping`` comment, seconds."""
+    durable_long_poll_s: PositiveFloat = 20.0
+    """Longest a Durable Streams long-poll read (``/durable?live=long-poll``) waits for a new event
+    before it is answered ``204``, seconds."""
+    durable_sse_max_s: PositiveFloat = 60.0
+    """A Durable Streams SSE read (``/durable?live=sse``) is ended after this many seconds, at an
+    event boundary; its client reconnects from the last ``streamNextOffset`` (the protocol's
+    section 10.2 asks for about 60 s, so CDNs can collapse readers)."""
     client_queue: Positive = 1024
     """Events a reader may have queued before its connection is closed (overflow)."""
     write_timeout_s: PositiveFloat = 60.0
@@ -162,6 +169,10 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Key prefix of the deployment (schema.keys)."""
     redis_cluster: bool = False
     """``FANOUT_REDIS_CLUSTER=1``: ``REDIS_URL`` names a seed node of a Redis Cluster."""
+    upstreams_file: str = ""
+    """``FANOUT_UPSTREAMS_FILE``: the workers' upstreams file (TOML); submissions are checked
+    against it (a job's ``endpoint`` or ``model`` route must serve its ``provider``, else 400). A
+    mistake in it stops the publisher at start (exit 2). Secrets are not read here."""
     live_pubsub: Literal["auto", "classic", "sharded"] = "auto"
     """``FANOUT_LIVE_PUBSUB``: pub/sub of the live channels; ``auto`` is sharded on a Redis 7
     cluster, classic elsewhere (:func:`infra.live_pubsub.live_mode`); workers must agree."""

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from publisher.settings import PublisherSettings
 from schema.keys import Keys
+from schema.upstreams import Upstreams
 
 if TYPE_CHECKING:
     from infra.redis_client import RedisClient
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 SETTINGS = web.AppKey("settings", PublisherSettings)
 """The resolved settings (secret included)."""
+UPSTREAMS = web.AppKey("upstreams", Upstreams)
+"""Endpoints and routes a submission is checked against (``FANOUT_UPSTREAMS_FILE``, or today's variables)."""
 KEYS = web.AppKey("keys", Keys)
 """The Redis key layout of this deployment (a unique prefix per test)."""
 REDIS: web.AppKey[RedisClient] = web.AppKey("redis")

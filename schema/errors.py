@@ -12,10 +12,12 @@ the others live next to the only code that raises them and name their module.
     │   │   └── FrameTooLargeError    * an SSE line/frame or JSON element past its byte limit
     │   ├── UpstreamHTTPError         * a non-2xx answer before the body (worker)
     │   ├── UpstreamTransportError    * connection refused, reset or closed mid-body (worker)
-    │   └── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
+    │   ├── UpstreamTimeoutError      * a named upstream timeout fired: connect, idle, progress, total (worker)
+    │   └── CredentialError           worker.auth: an endpoint's key, Google token or AWS credentials unavailable
     ├── ClientError                   * a bad request to our edge (publisher)
     │   ├── ProblemError              publisher.api.problems: answered as an RFC 9457 problem document
     │   │   └── ShareExceededError    publisher.api.fair_share: the credential (or address) holds its limit: a 429
+    │   ├── OffsetError               publisher.wire.durable: a Durable Streams offset this server did not mint: a 400
     │   ├── TokenInvalidError         publisher.api.tokens: malformed read token or bad signature
     │   └── TokenExpiredError         publisher.api.tokens: a well-signed read token past its ``exp``
     ├── InternalError                 * our bug, or Redis unreachable
@@ -38,7 +40,9 @@ they stay outside :class:`FanoutError` (and carry no contract category)::
 
     Exception
     ├── Stopped                       worker.control: the job's Stopper fired (cancel, fenced, lost, shutdown)
-    └── RetryAttempt                  worker.attempt: an attempt failed retryably before any output was stored
+    ├── RetryAttempt                  worker.attempt: an attempt failed retryably before any output was stored
+    └── TailEndedError                publisher.api.durable_live: a live Durable Streams read ends (gap, reset, closed)
+        └── _StopAfterError           publisher.api.durable_live: hand out these entries, then end the read
 
 The worker's modules re-export what they raise (``worker.upstream.UpstreamTimeoutError``,
 ``worker.appender.FencedError``, ...), so both import paths name the same class. No

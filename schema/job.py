@@ -39,6 +39,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     """Submission time, milliseconds since the Unix epoch."""
     reasoning_visibility: Visibility = "public"
     """Visibility given to reasoning blocks of this stream."""
+    endpoint: str = ""
+    """The upstreams file's endpoint the job names (:mod:`schema.upstreams`); empty when its ``model``
+    is a route or the provider's default endpoint serves it."""
     trace_context: dict[str, str] = msgspec.field(default_factory=dict)
     """W3C trace context of the submit request (``traceparent``, maybe ``tracestate``), so the
     worker's job span is its child; empty for jobs from older publishers or without tracing."""

@@ -12,7 +12,9 @@ key                            type      content
                                          deleted once the job's terminal event is stored
 ``P:jobshards``                set       every shard count a publisher used (decimal), for the workers
 ``P:jobs``                     stream    legacy unsharded jobs stream: served while it exists, never written
-``P:{id}:events``              stream    entry id ``0-<seq>``, field ``e`` = the event JSON
+``P:{id}:events``              stream    entry id ``0-<seq>``, field ``c`` = the event's compact stored
+                                         form (:mod:`schema.stored`); streams stored before it: field
+                                         ``e`` = the event JSON
 ``P:{id}:meta``                hash      see :data:`META_FIELDS`
 ``P:{id}:live``                channel   PUBLISH (SPUBLISH on a Redis 7 cluster) after each append
 ``P:{id}:cancel``              string    ``1`` once a client asked to cancel; TTL ``cancel_ttl_s``
@@ -20,6 +22,7 @@ key                            type      content
 ``P:done``                     stream    one summary per finished stream (``MAXLEN ~``), for analytics
 ``P:cancels``                  channel   PUBLISH of a stream id whose cancel was requested
 ``P:probe``                    string    readiness write probe (``SET ... PX``), short-lived
+``P:compact``                  zset      finished streams due for compaction (score: due ms), swept by workers
 =============================  ========  ===================================================
 
 Protocol between the two sides (TTL settings: worker ``FANOUT_STREAM_TTL_S`` default
@@ -96,7 +99,7 @@ import zlib
 from typing import Final
 
 EVENT_FIELD: Final = b"e"
-"""Field of an events-stream entry that holds the event JSON."""
+"""Field of an events-stream entry that holds the event JSON (the form before :mod:`schema.stored`; still read)."""
 JOB_FIELD: Final = b"j"
 """Field of a jobs-stream entry that holds the Job JSON."""
 JOBS_GROUP: Final = "workers"
@@ -123,6 +126,7 @@ META_FIELDS: Final = {
              "name it (a Redis restored from an older snapshot no longer holds it: their writer is fenced out)",
     "error_category": "set only when storage refused the terminal event: the terminal's error category",
     "error_message": "set only when storage refused the terminal event: the terminal's error message",
+    "compacted": "set once the finished stream's events were rewritten compacted (worker.compactor): its entry count",
 }
 """Fields of the ``meta`` hash and what they hold."""
 
@@ -145,6 +149,8 @@ class Keys:
         """The capped stream of finished-stream summaries."""
         self.cancels = f"{prefix}:cancels"
         """Channel announcing cancel requests (payload: stream id)."""
+        self.compact_due = f"{prefix}:compact"
+        """Sorted set of finished streams awaiting compaction: member stream id, score due ms."""
         self.probe = f"{prefix}:probe"
         """Key the readiness checks write (``SET ... PX``) to prove Redis takes writes."""
 

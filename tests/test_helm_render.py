@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from publisher.settings import PublisherSettings
 from publisher.telemetry import Telemetry
 from schema.settings import load_settings
+from schema.upstreams_file import load_upstreams
 from worker.settings import WorkerSettings, load_worker_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,8 +68,32 @@ EVERYTHING: dict[str, Any] = OBSERVED | {
     "otel": {"OTEL_TRACES_EXPORTER": "otlp"},
     "extraEnv": [{"name": "EXTRA", "value": "1"}],
 }
+UPSTREAMS_FILE = """
+[endpoints.azure-east]
+api = "openai_chat"
+platform = "azure"
+url = "https://myres.openai.azure.com/openai/v1"
+auth = "api-key"
+secret_env = "AZURE_OPENAI_KEY"
+
+[endpoints.vertex]
+api = "gemini"
+platform = "vertex"
+url = "https://aiplatform.googleapis.com/v1/projects/p/locations/global"
+auth = "google"
+
+[models."gpt-4o"]
+endpoints = ["azure-east"]
+"""
+UPSTREAMS: dict[str, Any] = MINIMAL | {"upstreams": {
+    "file": UPSTREAMS_FILE,
+    "secretEnv": [{"name": "AZURE_OPENAI_KEY", "secretName": "azure-openai", "key": "api-key"}],
+    "secretFiles": [{"name": "vertex", "secretName": "vertex-service-account"}]},
+    "worker": {"extraEnv": [{"name": "GOOGLE_APPLICATION_CREDENTIALS",
+                             "value": "/etc/fanout/secrets/vertex/key.json"}]},
+}
 VALUE_SETS = {"minimal": MINIMAL, "existing-secrets": EXISTING_SECRETS, "cluster": CLUSTER,
-              "observed": OBSERVED, "everything": EVERYTHING}
+              "observed": OBSERVED, "everything": EVERYTHING, "upstreams": UPSTREAMS}
 
 helm.disable_logging()
 _CHART = helm.Chart.load(CHART)
@@ -225,11 +250,41 @@ def test_keda_shard_count_defaults_to_the_codes_default() -> None:
      "otel.OTEL_METRICS_EXPORTER: metrics.enabled sets it"),
     ({"redis": {"url": "redis://redis:6379/0"}}, r"set secrets\.tokenSecret \(32\+ random characters"),
     (MINIMAL | {"secrets": {"tokenSecret": "short"}}, "secrets.tokenSecret must have at least 32 characters"),
+    (MINIMAL | {"config": {"FANOUT_UPSTREAMS_FILE": "/x.toml"}}, "set upstreams.file"),
+    (MINIMAL | {"upstreams": {"secretEnv": [{"name": "K"}]}}, "upstreams.secretEnv: each entry needs"),
+    (MINIMAL | {"upstreams": {"secretFiles": [{"name": "Bad_Name", "secretName": "s"}]}},
+     "upstreams.secretFiles: each entry needs a name"),
 ], ids=["keda-address", "keda-and-hpa", "zero-shards", "cluster-in-config", "monitor-without-metrics",
-        "port-clash", "exporter-clash", "no-secret", "short-secret"])
+        "port-clash", "exporter-clash", "no-secret", "short-secret", "upstreams-in-config", "secret-env-incomplete",
+        "secret-file-name"])
 def test_values_that_cannot_work_fail_rendering_with_a_reason(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=message):
         render(values)
+
+
+def test_upstreams_file_is_a_mounted_configmap_and_its_secrets_are_references(tmp_path: Path) -> None:
+    objects = render(UPSTREAMS)
+    text = one(objects, "ConfigMap", "rel-fanout-upstreams")["data"]["upstreams.toml"]
+    assert text == UPSTREAMS_FILE
+    path = tmp_path / "upstreams.toml"
+    path.write_text(text)
+    assert list(load_upstreams({"FANOUT_UPSTREAMS_FILE": str(path)}).endpoints) == ["azure-east", "vertex"]
+    for component in ("worker", "publisher"):
+        assert container_env(objects, component)["FANOUT_UPSTREAMS_FILE"] == "/etc/fanout/upstreams/upstreams.toml"
+        spec = one(objects, "Deployment", f"rel-fanout-{component}")["spec"]["template"]["spec"]
+        mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts["upstreams"] == "/etc/fanout/upstreams"
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["upstreams"]["configMap"]["name"] == "rel-fanout-upstreams"
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in spec["containers"][0]["env"] if "valueFrom" in e}
+        if component == "worker":  # the endpoints' secrets reach the workers only, by reference
+            assert refs["AZURE_OPENAI_KEY"] == {"name": "azure-openai", "key": "api-key", "optional": False}
+            assert mounts["secret-vertex"] == "/etc/fanout/secrets/vertex"
+            assert volumes["secret-vertex"]["secret"]["secretName"] == "vertex-service-account"
+        else:
+            assert "AZURE_OPENAI_KEY" not in refs
+            assert "secret-vertex" not in mounts
+    assert "FANOUT_UPSTREAMS_FILE" not in container_env(render(MINIMAL), "worker")
 
 
 def test_metrics_expose_the_scrape_port_on_both_deployments_and_services() -> None:

@@ -12,7 +12,9 @@ detectable. Rows (one JSON object per NDJSON line):
 
 * ``{"kind": "summary", "stream_id", "summary_id", "provider", "model", "status", ...,
   "events", "events_stored"}``: the summary's fields, counters as integers;
-* ``{"kind": "event", "stream_id", "seq", "event": <the stored event JSON, unchanged>}``;
+* ``{"kind": "event", "stream_id", "seq", "event": <the event JSON>}``: as stored in the JSON
+  form, or rebuilt byte for byte from the compact form (:mod:`schema.stored`), one row per
+  event of a compacted run;
 * ``{"kind": "expired", "stream_id", "events", "events_stored", "detail"}`` when the
   stream's events were gone (``FANOUT_STREAM_TTL_S``) or incomplete at export time;
 * ``{"kind": "regenerated", "stream_id", "epoch", "stored_epoch", "detail"}`` when the events
@@ -37,6 +39,8 @@ import redis.exceptions
 
 from infra.redis_client import REDIS_ERRORS, RedisClient
 from schema.keys import EVENT_FIELD, Keys
+from schema.stored import STORED_FIELD
+from schema.stored_entries import value_jsons
 
 log = logging.getLogger("fanout.export")
 
@@ -52,6 +56,16 @@ EVENT_PAGE: Final = 1000
 
 Row = dict[str, Any]
 """One exported row; ``event`` rows hold the stored JSON as ``msgspec.Raw``."""
+
+
+def _event_rows(stream_id: str, seq: int, fields: dict[bytes, bytes]) -> list[Row]:
+    """Return the ``event`` rows of one stored entry: its JSON form as stored, or the JSONs its compact form gives."""
+    if EVENT_FIELD in fields:
+        return [{"kind": "event", "stream_id": stream_id, "seq": seq, "event": msgspec.Raw(fields[EVENT_FIELD])}]
+    if STORED_FIELD in fields:
+        return [{"kind": "event", "stream_id": stream_id, "seq": at, "event": msgspec.Raw(data)}
+                for at, data in value_jsons(stream_id, seq, fields[STORED_FIELD])]
+    return []
 
 
 class Sink(Protocol):
@@ -215,9 +229,8 @@ class Exporter:
             page: Any = await self.redis.xrange(self.keys.events(stream_id), start, "+", count=EVENT_PAGE)
             for entry_id, fields in page:
                 head, _, seq = _text(entry_id).partition("-")
-                if head == "0" and seq.isdigit() and EVENT_FIELD in fields:
-                    rows.append({"kind": "event", "stream_id": stream_id, "seq": int(seq),
-                                 "event": msgspec.Raw(fields[EVENT_FIELD])})
+                if head == "0" and seq.isdigit():
+                    rows.extend(_event_rows(stream_id, int(seq), fields))
             if len(page) < EVENT_PAGE:
                 return rows
             start = "(" + _text(page[-1][0])

@@ -58,6 +58,10 @@ class ServerState:
         self.seen: Counter[str] = Counter()
         self.outcomes: list[str] = []
         """How each streamed answer ended: ``complete``, ``client_left`` or ``stopped``."""
+        self.open_now = 0
+        """Streamed answers (200 bodies) being written now."""
+        self.open_max = 0
+        """The most streamed answers ever written at once (tests of concurrency caps)."""
         self.stopping = asyncio.Event()
 
 
@@ -123,6 +127,8 @@ async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms
     await response.prepare(request)
     size = max(1, state.config.chunk_bytes)
     outcome = "complete"
+    state.open_now += 1
+    state.open_max = max(state.open_max, state.open_now)
     try:
         for start in range(0, len(body), size):
             if start and not await _pause(state, delay_ms):
@@ -136,6 +142,8 @@ async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms
             await response.write_eof()
     except (ConnectionError, RuntimeError):
         outcome = "client_left"
+    finally:
+        state.open_now -= 1
     state.outcomes.append(outcome)
     return response
 

@@ -31,7 +31,7 @@ local last = tonumber(meta[2] or '0')
 if last + 1 ~= first then return {'seq', tostring(last)} end
 local size = 0
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'c', ARGV[8 + i])
   size = size + #ARGV[8 + i] + 1
 end
 local new_last = first + n - 1
@@ -52,7 +52,9 @@ local note = new_last
 if epoch ~= '' then note = head end
 local live_max = tonumber(ARGV[7])
 if live_max > 0 and size <= live_max then
-  note = head .. '\\n' .. table.concat(ARGV, '\\n', 9, 8 + n)
+  local body = {}
+  for i = 1, n do body[i] = #ARGV[8 + i] .. ':' .. ARGV[8 + i] end
+  note = new_last .. ' ' .. first .. ' ' .. epoch .. ' c\\n' .. table.concat(body)
 end
 if ARGV[10 + n] == 'sharded' then
   redis.call('SPUBLISH', KEYS[4], note)
@@ -63,7 +65,8 @@ return {'ok', tostring(new_last)}
 """
 """The append script. KEYS = events, meta, tomb, live (one slot: the stream's hash tag);
 ARGV = token, first seq, terminal status ('' if none), ended_ms, stream_ttl_s,
-tombstone_ttl_s, live_max_bytes, n, then the n event JSONs, then the batch id (random,
+tombstone_ttl_s, live_max_bytes, n, then the n events in their compact stored form
+(:mod:`schema.stored`, stored as field ``c``), then the batch id (random,
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
 answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
 :func:`infra.live_pubsub.live_mode`), then the writer's epoch ('' for a stream started
@@ -74,7 +77,8 @@ token), ``closed`` (already ended), ``reset`` (meta holds another epoch, or none
 generation this writer extends is gone) and ``seq`` (meta ``last_seq`` is not the batch's
 first seq - 1) with what meta holds.
 
-The notification is ``<last> <first> <epoch>\\n<json>\\n...`` when the JSONs and their
-separators fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else the
-seq-only ``<last> <first> <epoch>``; without an epoch, ``<last> <first>\\n<json>...`` and
-``<last>`` as before 1.1 (:mod:`publisher.live.notification`)."""
+The notification is ``<last> <first> <epoch> c\\n<len>:<value>...`` (each stored value
+prefixed by its length in bytes; the epoch may be empty) when the values and one byte
+each fit ``live_max_bytes`` (``FANOUT_LIVE_MAX_BYTES``; 0 disables), else the seq-only
+``<last> <first> <epoch>``, or ``<last>`` without an epoch
+(:mod:`publisher.live.notification`)."""

@@ -87,6 +87,7 @@ from schema.errors import (
 )
 from schema.keys import Keys
 from worker.append_script import APPEND_LUA
+from worker.compactor import Compactor
 from worker.salvage import Salvage
 from worker.stream_writer import StreamWriter
 from worker.summary import summary_fields
@@ -137,10 +138,11 @@ class Appender:
         on_retry: Called with the Redis error before each retried script call (a metric).
         wait_replicas: Replicas to ``WAIT`` for after a terminal event (0: none).
         wait_ms: Longest such ``WAIT``, ms.
-        live_max_bytes: Largest batch (event JSON bytes plus one per event) whose events
+        live_max_bytes: Largest batch (compact stored bytes plus one per event) whose events
             ride on the live notification; a larger batch publishes only its last seq.
         live_pubsub: ``FANOUT_LIVE_PUBSUB``, resolved by :meth:`live` on first use
             (:func:`infra.live_pubsub.live_mode`).
+        compactor: Schedules the compaction of each stream this process ends.
     """
 
     def __init__(
@@ -148,7 +150,7 @@ class Appender:
         tombstone_ttl_s: int = 7 * 86_400, done_maxlen: int = 100_000, retry: RetryPolicy | None = None,
         on_retry: Callable[[BaseException], None] | None = None,
         wait_replicas: int = 0, wait_ms: int = 1000, live_max_bytes: int = LIVE_MAX_BYTES,
-        live_pubsub: LivePubSub = "auto",
+        live_pubsub: LivePubSub = "auto", compactor: Compactor | None = None,
     ) -> None:
         self.redis, self.keys = redis, keys
         self.ttls = (str(stream_ttl_s), str(tombstone_ttl_s), str(live_max_bytes))
@@ -164,6 +166,8 @@ class Appender:
         self.live_pubsub = live_pubsub
         self.live_mode: LiveMode | None = None
         """The resolved live mode once :meth:`live` ran."""
+        self.compactor = compactor
+        """Schedules each finished stream's compaction (:mod:`worker.compactor`); ``None``: never compact."""
 
     async def live(self) -> LiveMode:
         """Return the live mode, deciding it on the first call (:func:`infra.live_pubsub.live_mode`).

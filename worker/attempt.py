@@ -9,6 +9,9 @@ deadlines (:mod:`worker.control`):
   SSE comments and ignored provider events do not count);
 * ``total``: the job's overall limit.
 
+The connect, idle and progress limits are the worker's settings, or the endpoint's own
+from the upstreams file (:class:`AttemptLimits`).
+
 Every failure becomes the pipeline's terminal event (``interrupted``/``timeout``,
 ``interrupted``/``transport``, or the HTTP error's category), handed to
 :meth:`AttemptHost.deliver`, which stores it or raises :class:`RetryAttempt` when the
@@ -21,6 +24,7 @@ import time
 from typing import Protocol
 
 import aiohttp
+import msgspec
 from opentelemetry import trace
 
 from schema.contract import ErrorInfo, Event
@@ -48,6 +52,25 @@ class RetryAttempt(Exception):  # noqa: N818 - a control signal for the retry lo
         self.events, self.error, self.retry_after_s = events, error, retry_after_s
 
 
+class AttemptLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The deadlines of one attempt: the worker's settings, or an upstreams-file endpoint's own."""
+
+    connect_timeout_s: float
+    """TCP (and TLS) connect, seconds."""
+    idle_timeout_s: float
+    """No byte for this long ends the attempt ``timeout``, seconds."""
+    progress_timeout_s: float
+    """No contract event for this long ends the attempt ``timeout``, seconds."""
+
+    @classmethod
+    def of(cls, settings: WorkerSettings, **overrides: float | None) -> AttemptLimits:
+        """Return the settings' limits with the given ones (``None``: the setting's) replaced."""
+        values = {"connect_timeout_s": settings.connect_timeout_s, "idle_timeout_s": settings.idle_timeout_s,
+                  "progress_timeout_s": settings.progress_timeout_s}
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(**values)
+
+
 class AttemptHost(Protocol):
     """What an attempt needs from its job run."""
 
@@ -73,10 +96,14 @@ class Attempt:
         host: The job run (settings, session, stop signal, storage).
         request: The prepared provider request.
         number: 1 for the first attempt, then 2, 3, ...
+        endpoint: The upstreams-file endpoint called (the span's ``fanout.endpoint``), if any.
+        limits: Its deadlines; default the worker's settings.
     """
 
-    def __init__(self, host: AttemptHost, request: UpstreamRequest, number: int) -> None:
-        self.host, self.request, self.number = host, request, number
+    def __init__(self, host: AttemptHost, request: UpstreamRequest, number: int, *, endpoint: str | None = None,
+                 limits: AttemptLimits | None = None) -> None:
+        self.host, self.request, self.number, self.endpoint = host, request, number, endpoint
+        self.limits = limits or AttemptLimits.of(host.settings)
 
     async def run(self) -> Pipeline:
         """Run the attempt to its terminal event (stored, or raised as :class:`RetryAttempt`).
@@ -92,7 +119,8 @@ class Attempt:
         host, job = self.host, self.host.job
         pipeline = host.new_pipeline(self.request.framing)
         await host.deliver(pipeline, pipeline.start())
-        with host.telemetry.upstream_span(job.stream_id, job.provider, job.model, self.number) as span:
+        with host.telemetry.upstream_span(job.stream_id, job.provider, job.model, self.number,
+                                          self.endpoint) as span:
             try:
                 await self._exchange(pipeline, span)
             finally:
@@ -102,12 +130,13 @@ class Attempt:
         return pipeline
 
     async def _exchange(self, pipeline: Pipeline, span: trace.Span) -> None:
-        host, settings = self.host, self.host.settings
+        host, limits = self.host, self.limits
         started = time.monotonic()
-        headers_by = Deadline(("idle", started + settings.connect_timeout_s + settings.idle_timeout_s),
+        headers_by = Deadline(("idle", started + limits.connect_timeout_s + limits.idle_timeout_s),
                               ("total", host.total_at))
+        opening = open_stream(host.session, self.request, connect_timeout_s=limits.connect_timeout_s)
         try:
-            response = await host.stopper.race(open_stream(host.session, self.request), headers_by)
+            response = await host.stopper.race(opening, headers_by)
         except UpstreamError as exc:
             status = getattr(exc, "status", None)
             if isinstance(status, int):
@@ -124,11 +153,11 @@ class Attempt:
                 response.close()  # abort: drop the connection so the provider stops generating
 
     async def _pump(self, pipeline: Pipeline, response: aiohttp.ClientResponse) -> None:
-        host, settings = self.host, self.host.settings
-        progress_at = time.monotonic() + settings.progress_timeout_s
+        host, limits = self.host, self.limits
+        progress_at = time.monotonic() + limits.progress_timeout_s
         while True:
             now = time.monotonic()
-            deadline = Deadline(("idle", now + settings.idle_timeout_s), ("progress", progress_at),
+            deadline = Deadline(("idle", now + limits.idle_timeout_s), ("progress", progress_at),
                                 ("total", host.total_at))
             try:
                 chunk = await host.stopper.race(read_chunk(response), deadline)
@@ -138,7 +167,7 @@ class Attempt:
             events = pipeline.feed(chunk) if chunk else pipeline.finish()
             await host.deliver(pipeline, events)
             if events:  # counted after the store, so time waiting out a Redis fault is not the provider's
-                progress_at = time.monotonic() + settings.progress_timeout_s
+                progress_at = time.monotonic() + limits.progress_timeout_s
             if pipeline.terminal is not None or not chunk:
                 return
 

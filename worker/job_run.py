@@ -13,9 +13,11 @@ invalid job                 ``stream.error`` ``invalid_request`` (after ``stream
 ``last_seq`` 0 or 1         run the upstream attempts (a stored ``stream.start`` is not repeated)
 ==========================  ===============================================================
 
-Attempts retry (tenacity: at most ``max_retries`` more, full-jitter exponential backoff,
-or the provider's ``Retry-After`` capped at ``retry_after_max_s``) only while nothing but
-``stream.start`` is stored and the attempt's terminal error is retryable. Stopping:
+The attempts run over the job's route (:mod:`worker.route_run`): each endpoint's retries
+(tenacity: at most ``max_retries`` more, full-jitter exponential backoff, or the
+provider's ``Retry-After`` capped at ``retry_after_max_s``), then the next endpoint, only
+while nothing but ``stream.start`` is stored and the attempt's terminal error is
+retryable. Stopping:
 ``cancel`` writes ``cancelled``; ``fenced``, ``lost`` and ``shutdown`` write nothing and
 leave the job pending for the next owner. The job is XACKed only after its terminal event
 is stored (or found stored).
@@ -39,28 +41,33 @@ import asyncio
 import contextlib
 import logging
 import time
-
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
+from typing import Final
 
 from infra.redis_client import REDIS_ERRORS
 from infra.redis_faults import fault_fields
 from schema.contract import Event, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
+from worker.adapters.base import Framing
 from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
-from worker.attempt import Attempt, RetryAttempt
+from worker.attempt import RetryAttempt
 from worker.control import Stopped, Stopper
-from worker.job_storage import JobContext, JobStorage, Outcome
+from worker.job_storage import JobContext, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
-from worker.upstream import UpstreamRequest, build_request
+from worker.route_run import RouteRun, RouteTarget
+from worker.routing import OnFull
+from worker.targets import job_targets
 
 log = logging.getLogger("fanout.worker.job")
+
+FRAMINGS: Final[dict[str, Framing]] = {"sse": "sse", "json_array": "json_array", "eventstream": "eventstream"}
+"""A request's framing name → the pipeline's framing."""
 
 __all__ = ["JobContext", "JobRun", "Outcome"]
 
 
-class JobRun(JobStorage):
+class JobRun(RouteRun):
     """Runs one claimed job; :meth:`stop` may be called from outside at any time.
 
     Args:
@@ -93,7 +100,9 @@ class JobRun(JobStorage):
             claim = await self._duplicate(claim.duplicate_of)
         if not isinstance(claim, Claim):
             return claim
-        if claim.done:
+        if claim.done:  # its writer may have died before scheduling the compaction: schedule it (NX) again
+            if self.ctx.appender.compactor is not None:
+                await self.ctx.appender.compactor.schedule(job.stream_id)
             await self._ack()
             self.telemetry.job_ended("skipped")
             return "skipped"
@@ -187,45 +196,21 @@ class JobRun(JobStorage):
             await self._write_error(FanoutError(self.problem, category="invalid_request"))
             return
         try:
-            request = build_request(self.job, self.settings, self.ctx.credentials)
-        except FanoutError as exc:  # the job's request cannot be sent as is (invalid_request)
+            targets, on_full = self._targets()
+        except FanoutError as exc:  # no endpoint can serve the job as it is (invalid_request)
             await self._write_error(exc)
             return
-        await self._run_attempts(request)
+        await self._run_route(targets, on_full)
 
-    # -- attempts ---------------------------------------------------------------
+    def _targets(self) -> tuple[list[RouteTarget], OnFull]:
+        """Return the endpoints the job may go to, in route order, and its route's rule for a full one.
 
-    async def _run_attempts(self, request: UpstreamRequest) -> None:
-        retrying = AsyncRetrying(
-            stop=self._no_more_retries, wait=self._backoff, retry=retry_if_exception_type(RetryAttempt),
-            sleep=self.stopper.sleep, before_sleep=self._before_retry, reraise=True,
-        )
-        try:
-            await retrying(self._attempt, request)
-        except RetryAttempt as last:
-            await self._append(last.events)
-
-    async def _attempt(self, request: UpstreamRequest) -> None:
-        self._attempts += 1
-        await Attempt(self, request, self._attempts).run()
-
-    def _no_more_retries(self, state: RetryCallState) -> bool:
-        late = time.monotonic() + (state.upcoming_sleep or 0.0) >= self.total_at
-        return state.attempt_number > self.settings.max_retries or late or self.stopper.reason is not None
-
-    def _backoff(self, state: RetryCallState) -> float:
-        failure = state.outcome.exception() if state.outcome else None
-        if isinstance(failure, RetryAttempt) and failure.retry_after_s is not None:
-            return min(failure.retry_after_s, self.settings.retry_after_max_s)
-        jitter = wait_random_exponential(multiplier=self.settings.backoff_base_s, max=self.settings.backoff_max_s)
-        return float(jitter(state))
-
-    def _before_retry(self, state: RetryCallState) -> None:
-        failure = state.outcome.exception() if state.outcome else None
-        category = failure.error.category if isinstance(failure, RetryAttempt) else "internal"
-        self.telemetry.retry(provider=self.job.provider, category=category)
-        log.info("event=upstream_retry stream_id=%s attempt=%d category=%s delay_s=%.3f", self.job.stream_id,
-                 state.attempt_number, category, state.upcoming_sleep)
+        Raises:
+            FanoutError: ``invalid_request``: an unknown endpoint, one that does not speak the
+                job's API, or a model that is no route with no default endpoint.
+        """
+        ctx = self.ctx
+        return job_targets(self.job, ctx.upstreams, self.settings, ctx.credentials, ctx.authorizer)
 
     # -- storage (AttemptHost) --------------------------------------------------
 
@@ -233,11 +218,14 @@ class JobRun(JobStorage):
         """Return a pipeline for one attempt that continues the stored seq (0 or 1)."""
         assert self.writer is not None
         job = self.job
+        target = self._target
+        endpoint = target.endpoint if target else None
         self._pipeline = build_pipeline(
-            provider=job.provider, framing="json_array" if framing == "json_array" else "sse",
+            provider=job.provider, framing=FRAMINGS.get(framing, "sse"),
             stream_id=job.stream_id, model=job.model, clock=self.ctx.clock_ms, metadata=job.metadata,
             reasoning_visibility=job.reasoning_visibility, stored_seq=self.writer.last_seq,
             max_frame_bytes=self.settings.max_frame_bytes, epoch=self.writer.epoch,
+            endpoint=endpoint, upstream_model=target.model if target and endpoint else None,
         )
         return self._pipeline
 
@@ -254,3 +242,4 @@ class JobRun(JobStorage):
                 and pipeline.adapter.norm.deltas_emitted == 0):
             raise RetryAttempt(events, last.error, retry_after_s)
         await self._append(events)
+

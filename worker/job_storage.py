@@ -25,15 +25,18 @@ from infra.storage import fault_kind, with_retry
 from schema.contract import ErrorInfo, Event, StreamDone, StreamError
 from schema.errors import FanoutError, StorageRefusedError
 from schema.job import Job
+from schema.upstreams import Upstreams
 from worker.appender import Appender, FencedError, SeqConflictError, StreamClosedError, StreamWriter
+from worker.auth import Authorizer
 from worker.control import Stopped, Stopper
 from worker.error_policy import STATUS_OF_CATEGORY, safe_message
 from worker.lease import Claim, Leases
 from worker.normalizer import Normalizer
 from worker.pipeline import Pipeline
+from worker.router import Router, cooldown_policy
 from worker.settings import WorkerSettings
 from worker.telemetry import Telemetry
-from worker.upstream import Credentials
+from worker.upstream import Credentials, upstreams_of
 
 log = logging.getLogger("fanout.worker.job")
 
@@ -50,18 +53,26 @@ class JobContext:
         appender: Fenced appends.
         leases: Claims, renewals, acks.
         session: The aiohttp client session for providers.
-        credentials: Provider API keys.
+        credentials: Endpoint secrets.
         telemetry: Spans and metrics.
+        upstreams: Endpoints and routes (the upstreams file, else the default endpoints of ``settings``).
         clock_ms: Wall clock in ms since the epoch (event ``ts``).
+        router: The process's cooldowns and endpoint slots; default one with no slot
+            limits and the settings' cooldown policy.
     """
 
     def __init__(
         self, *, settings: WorkerSettings, appender: Appender, leases: Leases, session: aiohttp.ClientSession,
         credentials: Credentials, telemetry: Telemetry, clock_ms: Callable[[], int] | None = None,
+        upstreams: Upstreams | None = None, router: Router | None = None,
     ) -> None:
         self.settings, self.appender, self.leases, self.session = settings, appender, leases, session
         self.credentials, self.telemetry = credentials, telemetry
+        self.upstreams = upstreams or upstreams_of(settings)
+        self.authorizer = Authorizer(credentials)
+        """Google tokens and AWS signers, shared by the jobs of the process."""
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.router = router or Router(cooldown_policy(settings))
 
 
 class JobStorage:

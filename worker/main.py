@@ -25,8 +25,11 @@ from schema import logs
 from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
+from schema.upstreams import Upstreams
+from schema.upstreams_file import load_upstreams
 from worker.job_groups import watch_job_groups
 from worker.runner import Worker
+from worker.secrets import Secrets, check_secrets
 from worker.settings import WorkerSettings, load_worker_settings
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials, credentials_from_env, new_session
@@ -48,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the worker; return 0 after a clean drain, 2 on bad configuration, 1 when Redis cannot serve it.
 
+    A mistake in the upstreams file (``FANOUT_UPSTREAMS_FILE``) or an endpoint whose secret
+    cannot be read is bad configuration (exit 2, one line naming the file, table and key).
+
     Raises:
         CommandError: ``REDIS_URL`` is not a Redis URL, ``FANOUT_LOG_LEVEL`` or
             ``FANOUT_LOG_FORMAT`` is malformed (exit 2), or Redis does not answer when the
@@ -56,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_worker_settings(os.environ, concurrency=args.concurrency, redis_url=args.redis_url,
                                         redis_prefix=args.redis_prefix)
+        upstreams = load_upstreams(os.environ)
+        check_secrets(upstreams, Secrets(os.environ))
     except SettingsError as exc:
         sys.stderr.write(f"fanout worker: {exc}\n")
         return EXIT_USAGE
@@ -64,19 +72,19 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_from_env(os.environ, log_level=args.log_level)
     telemetry = Telemetry.from_env(os.environ)
     try:
-        return _serve_to_exit(settings, telemetry, source)
+        return _serve_to_exit(settings, telemetry, source, upstreams)
     finally:
         telemetry.shutdown()
 
 
-def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str) -> int:
+def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str, upstreams: Upstreams) -> int:
     """Serve until stopped; map what Redis or a setting refuses to the exit status (0 after a clean drain).
 
     Raises:
         CommandError: Redis does not answer (exit 4).
     """
     try:
-        asyncio.run(serve(settings, telemetry))
+        asyncio.run(serve(settings, telemetry, upstreams))
     except SettingsError as exc:  # a setting Redis cannot honour (FANOUT_LIVE_PUBSUB=sharded on Redis 6.2)
         sys.stderr.write(f"fanout worker: {exc}\n")
         return EXIT_USAGE
@@ -89,8 +97,11 @@ def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str) 
     return 0
 
 
-async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
-    """Run one worker until SIGTERM or SIGINT, then drain (see :mod:`worker.runner`)."""
+async def serve(settings: WorkerSettings, telemetry: Telemetry, upstreams: Upstreams | None = None) -> None:
+    """Run one worker until SIGTERM or SIGINT, then drain (see :mod:`worker.runner`).
+
+    ``upstreams``: the endpoints and routes (default: those of today's variables).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,13 +111,18 @@ async def serve(settings: WorkerSettings, telemetry: Telemetry) -> None:
     # (json lines got fields "anthropic": "unset," and "gemini": "unset)")
     log.info("event=worker_config concurrency=%d job_shards=%d redis_cluster=%s credentials=%s",
              settings.concurrency, settings.job_shards, settings.redis_cluster, logs.quoted(repr(credentials)))
-    _warn_without_credentials(credentials)
+    if upstreams is not None and upstreams.source:
+        log.info("event=upstreams file=%s endpoints=%s routes=%s", logs.quoted(upstreams.source),
+                 ",".join(upstreams.endpoints), logs.quoted(",".join(upstreams.models)))
+    else:
+        _warn_without_credentials(credentials)
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster,
                                                       client_name=f"fanout-worker:{settings.redis_prefix}"))
     session = new_session(settings)
     try:
         keys = Keys(settings.redis_prefix)
-        worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry)
+        worker = Worker.create(client, keys, settings, session=session, credentials=credentials, telemetry=telemetry,
+                               upstreams=upstreams)
         shard_streams = [(str(n), keys.jobs_shard(n)) for n in range(settings.job_shards)]
         gauges = asyncio.create_task(watch_job_groups(client, shard_streams, telemetry,
                                                       interval_s=settings.metrics_poll_s, stop=stop))

@@ -59,6 +59,10 @@ class Normalizer(EventOutbox):
             stored ``stream.start``, which is then not emitted again).
         epoch: The generation's epoch, carried on ``stream.start`` (contract 1.1); ``None``
             leaves it out (offline replays, goldens).
+        endpoint: The upstreams-file endpoint this attempt calls, stamped on the terminal
+            event (contract 1.1 ``endpoint``); ``None`` leaves it out (no upstreams file).
+        upstream_model: The model or deployment sent to that endpoint; ``stream.done``'s
+            ``model`` when the provider names none.
     """
 
     def __init__(
@@ -72,10 +76,14 @@ class Normalizer(EventOutbox):
         reasoning_visibility: Visibility = "public",
         stored_seq: int = 0,
         epoch: str | None = None,
+        endpoint: str | None = None,
+        upstream_model: str | None = None,
     ) -> None:
         super().__init__(clock=clock, stored_seq=stored_seq)
         self.stream_id, self.provider, self.model = stream_id, provider, model
         self.epoch = epoch
+        self.endpoint: str | msgspec.UnsetType = endpoint if endpoint is not None else msgspec.UNSET
+        self.upstream_model = upstream_model
         self.metadata = metadata or {}
         self.visibility: Visibility = reasoning_visibility
         self.usage: Usage | None = None
@@ -255,7 +263,8 @@ class Normalizer(EventOutbox):
             lambda seq, ts: StreamDone(
                 stream_id=self.stream_id, seq=seq, ts=ts, status=status, finish_reason=final,
                 provider_finish_reason=provider_finish_reason, usage=self.usage,
-                response_id=response_id, model=model,
+                response_id=response_id, model=model if model is not None else self.upstream_model,
+                endpoint=self.endpoint,
             )
         )
 
@@ -280,7 +289,7 @@ class Normalizer(EventOutbox):
         self._emit(
             lambda seq, ts: StreamError(
                 stream_id=self.stream_id, seq=seq, ts=ts, status=final_status, error=info,
-                usage=self.usage, finish_reason=finish_reason,
+                usage=self.usage, finish_reason=finish_reason, endpoint=self.endpoint,
             )
         )
 

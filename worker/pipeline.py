@@ -140,8 +140,12 @@ def build_pipeline(
     stored_seq: int = 0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     epoch: str | None = None,
+    endpoint: str | None = None,
+    upstream_model: str | None = None,
 ) -> Pipeline:
-    """Build the pipeline for one upstream response of ``provider`` (``epoch``: see :class:`Normalizer`).
+    """Build the pipeline for one upstream response of ``provider``.
+
+    ``epoch``, ``endpoint`` and ``upstream_model`` are the :class:`Normalizer`'s.
 
     Raises:
         KeyError: Unknown provider, or ``eventstream`` framing for a provider not in
@@ -150,5 +154,6 @@ def build_pipeline(
     norm = Normalizer(
         stream_id=stream_id, provider=provider, model=model, clock=clock, metadata=metadata,
         reasoning_visibility=reasoning_visibility, stored_seq=stored_seq, epoch=epoch,
+        endpoint=endpoint, upstream_model=upstream_model,
     )
     return Pipeline(adapter_class(provider)(norm, framing=framing), max_frame_bytes=max_frame_bytes)

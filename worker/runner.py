@@ -36,17 +36,21 @@ from collections.abc import Callable
 import aiohttp
 import redis.exceptions
 
-from infra.redis_client import RedisClient
-from infra.redis_faults import fault_fields, fault_kind
+from infra.redis_client import REDIS_ERRORS, RedisClient
+from infra.redis_faults import fault_fields, fault_kind, redis_error_fields
 from infra.storage import RetryPolicy
 from schema.keys import Keys
+from schema.upstreams import Upstreams
 from worker.appender import Appender
 from worker.cancel import CancelListener
+from worker.compactor import Compactor
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
 from worker.job_run import JobContext, JobRun
 from worker.jobentry import decode_entry
 from worker.lease import Leases
+from worker.router import Router, cooldown_policy
 from worker.settings import WorkerSettings
+from worker.targets import slot_limits
 from worker.telemetry import Telemetry
 from worker.upstream import Credentials
 
@@ -86,21 +90,29 @@ class Worker:
     def create(
         cls, redis: RedisClient, keys: Keys, settings: WorkerSettings, *, session: aiohttp.ClientSession,
         credentials: Credentials | None = None, telemetry: Telemetry | None = None, consumer: str | None = None,
-        clock_ms: Callable[[], int] | None = None,
+        clock_ms: Callable[[], int] | None = None, upstreams: Upstreams | None = None,
     ) -> Worker:
-        """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`)."""
+        """Wire a worker from its parts (consumer name default :func:`worker.intake.consumer_name`).
+
+        ``upstreams`` routes jobs over the upstreams file's endpoints, with the slots their
+        ``max_concurrency`` gives (default: the endpoints of today's variables).
+        """
         name = consumer or consumer_name()
         retry = RetryPolicy(window_s=settings.append_retry_window_s, base_s=settings.append_retry_base_s,
                             max_delay_s=settings.append_retry_max_delay_s)
         telemetry = telemetry or Telemetry()
+        telemetry.endpoints(upstreams.endpoints if upstreams else ())
         appender = Appender(redis, keys, stream_ttl_s=settings.stream_ttl_s, tombstone_ttl_s=settings.tombstone_ttl_s,
                             done_maxlen=settings.done_maxlen, retry=retry, on_retry=telemetry.append_retry,
                             wait_replicas=settings.terminal_wait_replicas, wait_ms=settings.terminal_wait_ms,
-                            live_max_bytes=settings.live_max_bytes, live_pubsub=settings.live_pubsub)
+                            live_max_bytes=settings.live_max_bytes, live_pubsub=settings.live_pubsub,
+                            compactor=Compactor(redis, keys, grace_s=settings.compact_grace_s,
+                                                run_deltas=settings.compact_run_deltas))
         ctx = JobContext(
             settings=settings, appender=appender, leases=Leases(redis, keys, consumer=name, lease_s=settings.lease_s),
             session=session, credentials=credentials or Credentials(), telemetry=telemetry,
-            clock_ms=clock_ms,
+            clock_ms=clock_ms, upstreams=upstreams,
+            router=Router(cooldown_policy(settings), slot_limits(upstreams) if upstreams else None),
         )
         return cls(redis, keys, ctx)
 
@@ -119,6 +131,7 @@ class Worker:
         await self.intake.ensure_groups()
         mode = await self.ctx.appender.live()  # decided once, as the publishers decide it
         listener = asyncio.create_task(self.cancels.run())
+        sweeper = asyncio.create_task(self._sweep_loop(stop), name="compaction-sweep")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cancels.ready.wait(), timeout=5.0)
         self.ready.set()
@@ -128,10 +141,24 @@ class Worker:
             await self._intake_loop(stop)
             await self._drain()
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            for task in (listener, sweeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         log.info("event=worker_stop consumer=%s", self.consumer)
+
+    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+        """Compact the finished streams whose grace ended, every ``FANOUT_COMPACT_SWEEP_S``."""
+        compactor = self.ctx.appender.compactor
+        if compactor is None or compactor.grace_s < 0:
+            return
+        while not stop.is_set():
+            try:
+                await compactor.sweep()
+            except REDIS_ERRORS as exc:
+                log.warning("event=compaction_sweep_failed %s", redis_error_fields(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.compact_sweep_s)
 
     async def _intake_loop(self, stop: asyncio.Event) -> None:
         """Keep one reader per jobs stream in use (re-read every SHARD_REFRESH_S) until ``stop``."""

@@ -54,7 +54,7 @@ local jump = ARGV[12 + n] == 'jump' and first > last + 1
 if last + 1 ~= first and not jump then return {'seq', tostring(last)} end
 if jump then redis.call('HSET', KEYS[2], 'lost_from', last + 1, 'lost_to', first - 1) end
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[8 + i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'c', ARGV[8 + i])
 end
 local new_last = first + n - 1
 redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n], 'state', 'done', 'status', ARGV[3],

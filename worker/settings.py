@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Annotated, Final, Literal
-from urllib.parse import urlsplit
 
 import msgspec
 
 from schema.cli import DEFAULT_REDIS_URL, redact_url
 from schema.keys import MAX_JOB_SHARDS
 from schema.settings import SettingsError, load_settings
+from schema.upstreams_file import base_url_problem as base_url_problem
 
 BASE_URL_FIELDS: Final = ("openai_base_url", "anthropic_base_url", "gemini_base_url")
 """The provider API roots (``FANOUT_<PROVIDER>_BASE_URL``), each checked by :func:`base_url_problem`."""
@@ -68,6 +68,16 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Upper bound of the jittered backoff window."""
     retry_after_max_s: _NonNegative = 30.0
     """Largest ``Retry-After`` honoured; longer answers are cut to this."""
+    cooldown_after_failures: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    """Retryable failures in a row (HTTP 429/5xx/529, connection errors, timeouts, errors before
+    content) after which an upstreams-file endpoint cools down for ``cooldown_failure_s``; 0: never
+    for that reason. Cooldowns are per worker process (docs/upstreams.md)."""
+    cooldown_failure_s: _NonNegative = 30.0
+    """How long an endpoint that failed ``cooldown_after_failures`` times in a row is skipped while
+    others of its route remain, seconds."""
+    cooldown_max_s: _NonNegative = 300.0
+    """Longest cooldown a ``Retry-After`` on HTTP 429/503/529 sets, seconds (an endpoint that asks
+    for longer is skipped this long)."""
 
     lease_s: _Positive = 30.0
     """Lease of a running job: its pending entry is renewed every ``lease_s / 3``; a job idle
@@ -100,8 +110,16 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     done_maxlen: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     """Approximate cap (``MAXLEN ~``) of the finished-stream summaries stream ``P:done``."""
     live_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024
-    """Largest batch (event JSON bytes + 1 per event) whose events ride on the live
+    """Largest batch (its events' compact stored bytes + 1 per event) whose events ride on the live
     notification; a larger batch is notified by its last seq only (publishers then read it). 0: always seq-only."""
+    compact_grace_s: float = 10.0
+    """How long after its terminal event a finished stream is compacted (its deltas rewritten as
+    one entry per block run, losslessly: :mod:`worker.compactor`), seconds; short, so most
+    reloads read the compacted form. Negative: never compact."""
+    compact_run_deltas: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 512
+    """Most deltas one compacted entry holds (a reader expands at most this many for one entry)."""
+    compact_sweep_s: _Positive = 1.0
+    """How often each worker looks for streams whose compaction is due, seconds."""
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
     """Largest SSE frame, JSON-array element or AWS event-stream message (Bedrock) accepted from a provider;
     past it ``failed``/``protocol``."""
@@ -115,6 +133,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Gemini API root; ``/v1beta/models/{model}:streamGenerateContent`` is appended."""
     gemini_framing: Literal["sse", "json_array"] = "sse"
     """``sse`` asks Gemini for ``alt=sse``; ``json_array`` reads its default streamed array."""
+    upstreams_file: str = ""
+    """``FANOUT_UPSTREAMS_FILE``: path of the upstreams file (TOML, see the Upstreams page): named
+    endpoints (OpenAI-compatible servers, Azure, Vertex, Bedrock) and model routes. When set, the
+    ``*_BASE_URL`` variables above and ``FANOUT_GEMINI_FRAMING`` no longer apply; a mistake in it,
+    or an endpoint whose secret cannot be read, stops the worker at start (exit 2)."""
 
     metrics_poll_s: _Positive = 5.0
     """How often the jobs consumer group is read (``XINFO GROUPS``) for the ``fanout.jobs.pending``
@@ -149,20 +172,3 @@ def load_worker_settings(environ: Mapping[str, str], **overrides: object) -> Wor
             raise SettingsError(f"bad configuration: FANOUT_{field.upper()}={redact_url(value)!r}: {problem}, "
                                 f"e.g. {example}")
     return settings
-
-
-def base_url_problem(url: str) -> str | None:
-    """Return why ``url`` cannot be a provider API root, or ``None`` when it can.
-
-    Accepted: an ``http`` or ``https`` URL with a host (and a valid port when given), no
-    whitespace; a path is kept (``/v1``). Checked at start, so a typo is an exit 2, not
-    every job ending ``interrupted``/``transport`` after its retries.
-    """
-    try:
-        parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError as exc:  # a bad port or IPv6 literal
-        return f"expected an http(s) URL with a host ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
-        return "expected an http(s) URL with a host"
-    return None if port_ok else "expected an http(s) URL with a host (port 0)"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.live_pubsub import LiveMode
 from infra.storage import with_retry
-from schema.contract import BlockDelta, Event, StreamDone, StreamError, encode_event, is_terminal
+from schema.contract import BlockDelta, Event, StreamDone, StreamError, is_terminal
 from schema.errors import (
     AppendRefusedError,
     EpochFencedError,
@@ -34,6 +34,7 @@ from schema.errors import (
     StorageRefusedError,
     StreamClosedError,
 )
+from schema.stored import encode_stored
 from worker.summary import summary_fields
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class StreamWriter:
             head += [terminal.status, str(terminal.ts)]
         else:
             head += ["", ""]
-        return [*head, *self._appender.ttls, str(len(events)), *(encode_event(e) for e in events),
+        return [*head, *self._appender.ttls, str(len(events)), *(encode_stored(e) for e in events),
                 secrets.token_hex(8), mode, self.epoch]
 
     async def append(self, events: list[Event]) -> int:
@@ -133,6 +134,8 @@ class StreamWriter:
             await self._appender.write_summary(sid, summary_fields(
                 last, provider=self.provider, model=self.model, started_ms=self.started_ms,
                 first_delta_ms=self.first_delta_ms, epoch=self.epoch))
+            if self._appender.compactor is not None:
+                await self._appender.compactor.schedule(sid)
 
     async def end_refused(self, events: list[StreamError | Event], *, jump: bool = False) -> str:
         """End the stream after a :class:`StorageRefusedError`: store ``events``, else mark meta.

@@ -4,8 +4,9 @@ Spans: ``fanout.job`` (one per job run, CONSUMER; the child of the publisher's s
 when the job carries W3C trace context) and its child ``fanout.upstream`` (one per upstream
 attempt, CLIENT); attributes ``fanout.stream_id``, ``fanout.provider``, ``fanout.model``,
 ``fanout.status``. Metrics: :data:`METRICS` (the metrics table of docs/observability.md lists the same).
-Attribute values come from small fixed sets (:data:`ATTRIBUTE_VALUES`): never stream ids,
-model names or upstream text. Tests inject their own providers (in-memory exporter and
+Attribute values come from small fixed sets (:data:`ATTRIBUTE_VALUES`), or are the names of
+the upstreams file's endpoints (``endpoint``, ``fanout.endpoint``): never stream ids, model
+names or upstream text. Tests inject their own providers (in-memory exporter and
 reader); the global providers are never touched.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final, get_args
 
 from opentelemetry import metrics, propagate, trace
@@ -40,6 +41,9 @@ METRICS: Final = {
     "fanout.stream.duration": "histogram (s): claim to stored terminal event",
     "fanout.upstream.retries": "counter: upstream attempts retried, by provider and category",
     "fanout.upstream.ignored": "counter: upstream events the adapter skipped (unknown or keep-alive), by provider",
+    "fanout.upstream.attempts": "counter: upstream attempts ended, by endpoint and error category (none: content)",
+    "fanout.upstream.fallbacks": "counter: jobs that left an endpoint for the next of their route, by endpoint",
+    "fanout.endpoint.cooldowns": "counter: cooldowns started (Retry-After, or failures in a row), by endpoint",
     "fanout.redis.errors": "counter: Redis errors seen, by kind",
 }
 """Instrument name → what it counts."""
@@ -91,6 +95,9 @@ class Telemetry:
                                                 explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
         self._retries = meter.create_counter("fanout.upstream.retries", unit="{attempt}")
         self._ignored = meter.create_counter("fanout.upstream.ignored", unit="{event}")
+        self._attempts = meter.create_counter("fanout.upstream.attempts", unit="{attempt}")
+        self._fallbacks = meter.create_counter("fanout.upstream.fallbacks", unit="{job}")
+        self._cooldowns = meter.create_counter("fanout.endpoint.cooldowns", unit="{cooldown}")
         self._redis_errors = meter.create_counter("fanout.redis.errors", unit="{error}")
         self._start_at_zero()
 
@@ -129,10 +136,13 @@ class Telemetry:
             yield span
 
     @contextlib.contextmanager
-    def upstream_span(self, stream_id: str, provider: str, model: str, attempt: int) -> Iterator[trace.Span]:
-        """Span of one upstream request (child of the current job span)."""
+    def upstream_span(self, stream_id: str, provider: str, model: str, attempt: int,
+                      endpoint: str | None = None) -> Iterator[trace.Span]:
+        """Span of one upstream request (child of the current job span); ``fanout.endpoint`` names its endpoint."""
         attributes: dict[str, str | int] = {"fanout.stream_id": stream_id, "fanout.provider": provider,
                                             "fanout.model": model, "fanout.attempt": attempt}
+        if endpoint is not None:
+            attributes["fanout.endpoint"] = endpoint
         kind = trace.SpanKind.CLIENT
         with self.tracer.start_as_current_span("fanout.upstream", kind=kind, attributes=attributes) as span:
             yield span
@@ -200,6 +210,25 @@ class Telemetry:
     def retry(self, *, provider: str, category: str) -> None:
         """Count one upstream retry and the error category that caused it."""
         self._retries.add(1, {"provider": _provider(provider), "category": category})
+
+    def endpoints(self, names: Iterable[str]) -> None:
+        """Export the per-endpoint counters of these endpoints from the start (0)."""
+        for name in names:
+            self._attempts.add(0, {"endpoint": name, "category": "none"})
+            self._fallbacks.add(0, {"endpoint": name, "category": "none"})
+            self._cooldowns.add(0, {"endpoint": name})
+
+    def attempt_ended(self, endpoint: str, category: str | None) -> None:
+        """Count one upstream attempt on ``endpoint``, by the category it failed with (``none``: it did not)."""
+        self._attempts.add(1, {"endpoint": endpoint, "category": category or "none"})
+
+    def fallback(self, endpoint: str, category: str) -> None:
+        """Count one job leaving ``endpoint`` for the next endpoint of its route, after ``category``."""
+        self._fallbacks.add(1, {"endpoint": endpoint, "category": category})
+
+    def cooldown(self, endpoint: str) -> None:
+        """Count one cooldown of ``endpoint`` started."""
+        self._cooldowns.add(1, {"endpoint": endpoint})
 
     def redis_error(self, exc: BaseException) -> None:
         """Count one Redis error by kind (:func:`infra.otel_setup.redis_error_kind`)."""

@@ -1,4 +1,12 @@
-"""The upstream HTTP client: one streaming POST per attempt to the provider's real endpoint.
+"""The upstream HTTP client: one streaming POST per attempt to the job's endpoint.
+
+A job goes to a target of the upstreams (:func:`schema.upstreams.targets`: the endpoint it
+names, its model's route, or, without an upstreams file, the provider's default endpoint
+built from ``FANOUT_*_BASE_URL``). :func:`request_for` builds the request for one target:
+URL, body and framing by the endpoint's platform (:mod:`worker.platforms`), the key of a
+key auth in the headers, and for ``google``/``aws`` endpoints a hook that adds the access
+token or the SigV4 signature when the request is sent (:mod:`worker.auth`), so each
+attempt is authorized afresh. Without an upstreams file the requests are today's:
 
 * ``openai_chat``: ``POST {openai}/chat/completions``, ``Authorization: Bearer <key>``;
 * ``openai_responses``: ``POST {openai}/responses``, ``Authorization: Bearer <key>``;
@@ -6,33 +14,34 @@
 * ``gemini``: ``POST {gemini}/v1beta/models/{model}:streamGenerateContent?alt=sse`` (no ``alt`` for the
   JSON-array framing), ``x-goog-api-key``.
 
-The body is the job's provider-native ``request`` with ``model`` set (not for Gemini,
-whose model is in the path) and streaming switched on (``stream: true``; Chat also
-``stream_options.include_usage``). Sources: OpenAI API reference "Chat Completions" and
-"Responses" (streaming), Anthropic "Messages" + "Streaming Messages" and "Versioning",
-Gemini API "Generate content" (``streamGenerateContent``) and "API keys".
-
-Keys come from ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY``; they live only
-in request headers, never in a log line, an error message or a ``repr``.
+Keys come from the variables the endpoints name (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
+``GEMINI_API_KEY`` without a file); they live only in request headers, never in a log
+line, an error message or a ``repr``.
 
 Errors raised here are :class:`~schema.errors.UpstreamTransportError` and
 :class:`~schema.errors.UpstreamTimeoutError` (both under ``UpstreamError`` in the tree of
 :mod:`schema.errors`, re-exported from this module),
-:class:`~schema.errors.UpstreamHTTPError` and :class:`~schema.errors.UpstreamProtocolError`.
+:class:`~schema.errors.UpstreamHTTPError`, :class:`~schema.errors.UpstreamProtocolError`
+and :class:`worker.auth.CredentialError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
-from urllib.parse import quote
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Final
 
 import aiohttp
 import msgspec
+from yarl import URL
 
 from schema.errors import FanoutError, UpstreamProtocolError, UpstreamTimeoutError, UpstreamTransportError
 from schema.job import Job
+from schema.upstreams import Target, Upstreams, default_upstreams, targets
 from worker.adapters.base import Framing
+from worker.auth import KEY_HEADERS, Authorizer
+from worker.platforms import ANTHROPIC_VERSION, plan_request
+from worker.secrets import Secrets
 from worker.settings import WorkerSettings
 from worker.upstream_errors import MAX_ERROR_BODY_BYTES, http_error
 
@@ -47,46 +56,50 @@ __all__ = [
     "new_session",
     "open_stream",
     "read_chunk",
+    "request_for",
+    "upstreams_of",
 ]
 
-ANTHROPIC_VERSION: Final = "2023-06-01"
-"""``anthropic-version`` header sent with every Messages request."""
-
-_encoder: Final = msgspec.json.Encoder()
 HTML_TYPES: Final = frozenset({"text/html", "application/xhtml+xml"})
 """Content types of a 2xx answer that is a web page (a portal, a proxy's page), never a stream."""
+VENDOR_VARIABLES: Final = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY"}
+"""The key variable of each default endpoint (no upstreams file)."""
 
 
-class Credentials:
-    """Provider API keys; ``repr`` shows only which ones are set.
+class Credentials(Secrets):
+    """The secrets of the worker's endpoints; ``repr`` shows only which default keys are set.
 
     Args:
         openai: ``OPENAI_API_KEY`` (both OpenAI APIs), or empty.
         anthropic: ``ANTHROPIC_API_KEY``, or empty.
         gemini: ``GEMINI_API_KEY``, or empty.
+        environ: Every other variable an endpoint may name (``os.environ``).
     """
 
-    __slots__ = ("_keys",)
+    __slots__ = ()
 
-    def __init__(self, *, openai: str = "", anthropic: str = "", gemini: str = "") -> None:
-        self._keys = {"openai": openai, "anthropic": anthropic, "gemini": gemini}
+    def __init__(self, *, openai: str = "", anthropic: str = "", gemini: str = "",
+                 environ: Mapping[str, str] | None = None) -> None:
+        given = {VENDOR_VARIABLES[k]: v for k, v in (("openai", openai), ("anthropic", anthropic), ("gemini", gemini))
+                 if v}
+        super().__init__({**(environ or {}), **given})
 
     def key(self, vendor: str) -> str:
         """Return the key for ``openai``, ``anthropic`` or ``gemini`` (empty when unset)."""
-        return self._keys.get(vendor, "")
+        return self.variable(VENDOR_VARIABLES[vendor]) if vendor in VENDOR_VARIABLES else ""
 
     def __repr__(self) -> str:
-        present = ", ".join(f"{k}={'set' if v else 'unset'}" for k, v in self._keys.items())
+        present = ", ".join(f"{k}={'set' if self.key(k) else 'unset'}" for k in VENDOR_VARIABLES)
         return f"Credentials({present})"
 
 
 def credentials_from_env(environ: Mapping[str, str]) -> Credentials:
-    """Read the three provider keys from ``environ`` (``os.environ``)."""
-    return Credentials(
-        openai=environ.get("OPENAI_API_KEY", ""),
-        anthropic=environ.get("ANTHROPIC_API_KEY", ""),
-        gemini=environ.get("GEMINI_API_KEY", ""),
-    )
+    """Read the endpoints' secrets from ``environ`` (``os.environ``)."""
+    return Credentials(environ=environ)
+
+
+AuthHook = Callable[[], Awaitable[dict[str, str]]]
+"""Returns the headers that authenticate one attempt (an access token, a SigV4 signature)."""
 
 
 class UpstreamRequest(msgspec.Struct, frozen=True, kw_only=True, repr_omit_defaults=True):
@@ -99,78 +112,82 @@ class UpstreamRequest(msgspec.Struct, frozen=True, kw_only=True, repr_omit_defau
     body: bytes
     """JSON body."""
     framing: Framing
-    """How the answer's body is framed (``sse``, or Gemini's ``json_array``)."""
+    """How the answer's body is framed (``sse``, Gemini's ``json_array``, Bedrock's ``eventstream``)."""
     headers: dict[str, str] = msgspec.field(default_factory=dict)
-    """Request headers, the credential included."""
+    """Request headers, a key included."""
+    endpoint: str = ""
+    """The endpoint's name (``openai``, ``anthropic``, ``gemini`` without an upstreams file)."""
+    model: str = ""
+    """The model (or deployment) name sent to the endpoint."""
+    auth: AuthHook | None = None
+    """Called when the request is sent: the headers of a ``google`` or ``aws`` endpoint."""
 
     def __repr__(self) -> str:
-        return f"UpstreamRequest(provider={self.provider!r}, url={self.url!r}, framing={self.framing!r})"
+        return (f"UpstreamRequest(provider={self.provider!r}, endpoint={self.endpoint!r}, url={self.url!r}, "
+                f"framing={self.framing!r})")
 
 
-def _vendor(provider: str) -> str:
-    return {"openai_chat": "openai", "openai_responses": "openai"}.get(provider, provider)
+def upstreams_of(settings: WorkerSettings) -> Upstreams:
+    """Return the default endpoints of ``settings`` (``FANOUT_*_BASE_URL``, no upstreams file)."""
+    return default_upstreams({"FANOUT_OPENAI_BASE_URL": settings.openai_base_url,
+                              "FANOUT_ANTHROPIC_BASE_URL": settings.anthropic_base_url,
+                              "FANOUT_GEMINI_BASE_URL": settings.gemini_base_url,
+                              "FANOUT_GEMINI_FRAMING": settings.gemini_framing})
 
 
-def _auth_headers(provider: str, key: str) -> dict[str, str]:
-    if provider == "anthropic":
-        return {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": key} if key else {})
-    if not key:
-        return {}
-    return {"x-goog-api-key": key} if provider == "gemini" else {"Authorization": f"Bearer {key}"}
+def request_for(job: Job, target: Target, credentials: Secrets,
+                authorizer: Authorizer | None = None) -> UpstreamRequest:
+    """Return the streaming request of ``job`` for one target (:mod:`worker.platforms`, :mod:`worker.auth`).
 
+    ``authorizer``: the process's (its Google token and AWS signers are shared); else one over
+    ``credentials``. A route's fallback calls this once per endpoint it tries.
 
-def _body(job: Job) -> dict[str, Any]:
-    body = dict(job.request)
-    if job.provider == "gemini":
-        body.pop("model", None)
-        body.pop("stream", None)
-        return body
-    body["model"], body["stream"] = job.model, True
-    if job.provider == "openai_chat":
-        options = body.get("stream_options")
-        if options is not None and not isinstance(options, dict):
-            raise FanoutError("request.stream_options must be a JSON object (or absent), such as "
-                              '{"include_usage": true}', category="invalid_request", retryable=False)
-        body["stream_options"] = {**(options or {}), "include_usage": True}
-    return body
-
-
-def _url(job: Job, settings: WorkerSettings) -> str:
-    if job.provider == "openai_chat":
-        return settings.openai_base_url.rstrip("/") + "/chat/completions"
-    if job.provider == "openai_responses":
-        return settings.openai_base_url.rstrip("/") + "/responses"
-    if job.provider == "anthropic":
-        return settings.anthropic_base_url.rstrip("/") + "/v1/messages"
-    url = f"{settings.gemini_base_url.rstrip('/')}/v1beta/models/{quote(job.model, safe='')}:streamGenerateContent"
-    return url + ("?alt=sse" if settings.gemini_framing == "sse" else "")
-
-
-def build_request(job: Job, settings: WorkerSettings, credentials: Credentials) -> UpstreamRequest:
-    """Return the streaming request for ``job`` (endpoint, headers, body) per the list above.
+    A key auth's header is set here (omitted while the key is empty, as with no key today);
+    ``google`` and ``aws`` endpoints get :attr:`UpstreamRequest.auth`, run per attempt.
 
     Raises:
-        KeyError: The job names a provider this worker has no endpoint for.
-        FanoutError: ``invalid_request``, not retryable: an ``openai_chat`` request whose
-            ``stream_options`` is not an object (the publisher refuses it at submit; this
-            guards jobs written by anything else), or a ``bedrock_converse`` job (its
-            adapter exists; no endpoint serves it until Bedrock endpoints are configured).
-            The caller stores it as the stream's error.
+        FanoutError: ``invalid_request``, not retryable (:func:`worker.platforms.plan_request`).
+        worker.auth.CredentialError: A key auth's ``secret_file`` cannot be read.
     """
-    if job.provider == "bedrock_converse":
-        raise FanoutError("no endpoint serves provider bedrock_converse yet: Bedrock needs an upstreams file",
-                          category="invalid_request", retryable=False)
-    if job.provider not in ("openai_chat", "openai_responses", "anthropic", "gemini"):
-        raise KeyError(job.provider)
-    framing: Framing = "json_array" if job.provider == "gemini" and settings.gemini_framing == "json_array" else "sse"
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json" if framing == "json_array" else "text/event-stream",
-        "Accept-Encoding": "identity",  # no compression: no buffering in a proxy, no decompression bombs
-        **_auth_headers(job.provider, credentials.key(_vendor(job.provider))),
-    }
-    return UpstreamRequest(provider=job.provider, url=_url(job, settings), body=_encoder.encode(_body(job)),
-                           framing=framing, headers=headers)
+    endpoint = target.endpoint
+    plan = plan_request(endpoint, job.provider, target.model, job.request)
+    headers = dict(plan.headers)
+    hook: AuthHook | None = None
+    authorizer = authorizer or Authorizer(credentials)
+    if endpoint.auth in KEY_HEADERS:
+        key = authorizer.key(endpoint, required=False)
+        if key:
+            header, prefix = KEY_HEADERS[endpoint.auth]
+            headers[header] = prefix + key
+    elif endpoint.auth in ("google", "aws"):
+        hook = partial(authorizer.headers, endpoint, plan)
+    return UpstreamRequest(provider=job.provider, url=plan.url, body=plan.body, framing=plan.framing,
+                           headers=headers, endpoint=endpoint.name, model=target.model, auth=hook)
+
+
+def build_request(job: Job, settings: WorkerSettings, credentials: Secrets, *, upstreams: Upstreams | None = None,
+                  authorizer: Authorizer | None = None) -> UpstreamRequest:
+    """Return the request for the job's first target (:func:`request_for`).
+
+    Args:
+        job: The job.
+        settings: Its default endpoints when ``upstreams`` is ``None``.
+        credentials: Where keys are read.
+        upstreams: The worker's upstreams (the file's, or :func:`upstreams_of` ``settings``).
+        authorizer: The process's token and signer cache (one per call otherwise).
+
+    Raises:
+        FanoutError: ``invalid_request``, not retryable: no endpoint serves the job (an
+            unknown endpoint, one that does not speak its provider, a model that is no
+            route with no default, e.g. ``bedrock_converse`` without an upstreams file),
+            or its body cannot be sent as is. The caller stores it as the stream's error.
+    """
+    try:
+        first = targets(upstreams or upstreams_of(settings), job.provider, job.model, job.endpoint)[0]
+    except LookupError as exc:
+        raise FanoutError(f"no endpoint serves this job: {exc.args[0]}", category="invalid_request",
+                          retryable=False) from exc
+    return request_for(job, first, credentials, authorizer)
 
 
 def new_session(settings: WorkerSettings, *, limit: int = 0) -> aiohttp.ClientSession:
@@ -190,8 +207,12 @@ def new_session(settings: WorkerSettings, *, limit: int = 0) -> aiohttp.ClientSe
                                  auto_decompress=False)
 
 
-async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) -> aiohttp.ClientResponse:
+async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest, *,
+                      connect_timeout_s: float | None = None) -> aiohttp.ClientResponse:
     """Send ``request`` and return the 2xx response whose body is still unread.
+
+    ``connect_timeout_s`` replaces the session's connect timeout for this request (an
+    endpoint's own, from the upstreams file).
 
     The caller bounds the wait for the response headers (idle and total deadlines) and
     must release the response (``async with`` or ``release()``).
@@ -206,10 +227,15 @@ async def open_stream(session: aiohttp.ClientSession, request: UpstreamRequest) 
             body with a ``Content-Encoding`` other than ``identity`` (never decompressed).
         UpstreamTimeoutError: The TCP connect took longer than ``connect_timeout_s``.
         UpstreamTransportError: Connection refused, reset or closed before the headers.
+        worker.auth.CredentialError: The endpoint's token or signature could not be made.
     """
+    headers = request.headers | (await request.auth() if request.auth is not None else {})
     try:
-        response = await session.post(request.url, data=request.body, headers=request.headers,
-                                      allow_redirects=False)
+        timeout = session.timeout if connect_timeout_s is None else aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=None)
+        # encoded: the URL is sent as built (a SigV4 signature covers its exact path)
+        response = await session.post(URL(request.url, encoded=True), data=request.body, headers=headers,
+                                      allow_redirects=False, timeout=timeout)
     except aiohttp.ConnectionTimeoutError as exc:
         raise UpstreamTimeoutError("could not connect to the provider in time (connect timeout)",
                                    kind="connect") from exc

@@ -4,7 +4,9 @@ One job: read the status, the error body and ``Retry-After`` of a refused reques
 name the contract error. Status first (PROVIDERS.md section 6, the providers' error
 pages), then the body: a 400 whose body says the prompt is too long is
 ``context_length_exceeded``; ``provider_code`` is OpenAI ``error.code`` (else
-``error.type``), Anthropic ``error.type``, Gemini ``error.status``.
+``error.type``), Anthropic ``error.type``, Gemini ``error.status``, Bedrock the header
+``x-amzn-ErrorType`` (its known types mapped as its exception frames are,
+:data:`worker.bedrock_frames.EXCEPTIONS`).
 
 =====================  ===========================  =========
 HTTP status            category                     retryable
@@ -37,6 +39,7 @@ import msgspec
 
 from schema.contract import ErrorCategory
 from schema.errors import UpstreamHTTPError
+from worker.bedrock_frames import EXCEPTIONS, failure_of
 
 STATUS_CATEGORY: Final[dict[int, tuple[ErrorCategory, bool]]] = {
     400: ("invalid_request", False),
@@ -120,6 +123,8 @@ def _error_object(body: bytes) -> dict[str, Any]:
         return error
     if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
         return parsed  # vLLM-style {"object":"error","message":...,"code":...}
+    if isinstance(parsed, dict) and isinstance(parsed.get("Message"), str):
+        return {"message": parsed["Message"]}  # AWS (Bedrock) errors also spell it Message
     return {}
 
 
@@ -134,6 +139,13 @@ def _provider_code(provider: str, error: Mapping[str, Any]) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def _aws_error_type(headers: Mapping[str, str]) -> str | None:
+    """Return the error name of an AWS ``x-amzn-ErrorType`` header (``Name:uri`` or ``ns#Name`` → ``Name``)."""
+    value = next((v for k, v in headers.items() if k.lower() == "x-amzn-errortype"), "")
+    name = value.rpartition("#")[2].partition(":")[0].strip()
+    return name or None
 
 
 def http_error(
@@ -164,7 +176,13 @@ def http_error(
     code = _provider_code(provider, error)
     raw = error.get("message")
     detail = raw if isinstance(raw, str) else ""
-    if status == 400 and _says_context_too_long(error, detail):
+    aws_type = _aws_error_type(headers)
+    known = aws_type is not None and aws_type.lower() in EXCEPTIONS
+    if aws_type:  # Bedrock: the type names the error, as in its exception frames
+        code = aws_type
+        if known:
+            category, retryable = failure_of(aws_type, detail)
+    if status == 400 and not known and _says_context_too_long(error, detail):
         category, retryable = "context_length_exceeded", False
     message = f"provider answered HTTP {status}" + (f": {detail}" if detail else "")
     return UpstreamHTTPError(

@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--request", required=True, metavar="FILE|-|JSON",
                             help="the provider-native request body: a JSON file, - for stdin, or the JSON object "
                                  "itself when the value starts with {")
+        parser.add_argument("--endpoint", help="an endpoint of the workers' upstreams file (fanout upstreams "
+                                               "lists them; default: the model's route, or the provider's endpoint)")
         parser.add_argument("--stream-id", help="choose the stream id (makes the call idempotent)")
         parser.add_argument("--metadata", metavar="JSON",
                             help="a JSON object copied onto stream.start, e.g. '{\"user\": \"u1\"}'")
@@ -162,7 +164,7 @@ async def _submit(args: argparse.Namespace, target: Target) -> int:
     async with FanoutClient(target.url, api_key=target.api_key) as client:
         try:
             sub = await client.submit(provider=args.provider, model=args.model, request=request,
-                                      stream_id=args.stream_id, metadata=metadata)
+                                      stream_id=args.stream_id, metadata=metadata, endpoint=args.endpoint)
         except StreamUnavailableError as exc:
             raise refusal(exc, target, "api key" if target.api_key else "none", None) from exc
     sys.stdout.write(msgspec.json.encode(sub).decode() + "\n")

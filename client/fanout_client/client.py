@@ -124,8 +124,11 @@ class FanoutClient:
         request: dict[str, Any],
         stream_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        endpoint: str | None = None,
     ) -> Submission:
         """Submit a job (``POST /v1/streams``) and return the publisher's answer.
+
+        ``endpoint`` names an endpoint of the workers' upstreams file (``FANOUT_UPSTREAMS_FILE``).
 
         Raises:
             StreamUnavailableError: The publisher refused it (the problem body is attached).
@@ -136,6 +139,8 @@ class FanoutClient:
             body["stream_id"] = stream_id
         if metadata:
             body["metadata"] = metadata
+        if endpoint:
+            body["endpoint"] = endpoint
         async with self._request("POST", "/v1/streams", json=body, headers=self._auth()) as resp:
             data = await self._json_or_raise(resp, expect=(200, 201))
         return msgspec.convert(data, Submission)

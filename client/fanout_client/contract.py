@@ -197,7 +197,11 @@ class StreamDone(_Event, frozen=True, kw_only=True, tag="stream.done"):
     response_id: str | None
     """The provider's response or message id."""
     model: str | None
-    """The model the provider says answered."""
+    """The model the provider says answered (with an upstreams file, the upstream model or
+    deployment sent when the provider names none)."""
+    endpoint: str | msgspec.UnsetType = msgspec.UNSET
+    """The configured upstream endpoint whose attempt produced the stream (contract 1.1,
+    ``endpoint``); absent without an upstreams file."""
 
 
 class StreamError(_Event, frozen=True, kw_only=True, tag="stream.error"):
@@ -211,6 +215,9 @@ class StreamError(_Event, frozen=True, kw_only=True, tag="stream.error"):
     """The last usage report received, or ``None``."""
     finish_reason: FinishReason | None
     """The finish reason the provider sent before failing, if any."""
+    endpoint: str | msgspec.UnsetType = msgspec.UNSET
+    """The configured upstream endpoint whose attempt ended the stream (contract 1.1,
+    ``endpoint``: the last one tried); absent without an upstreams file or when no attempt ran."""
 
 
 Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamDone | StreamError

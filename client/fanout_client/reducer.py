@@ -100,6 +100,9 @@ class AssembledResult(msgspec.Struct, kw_only=True):
     """The answering model (``stream.done``), else the requested one."""
     response_id: str | None = None
     """The provider's response id (``stream.done`` only)."""
+    endpoint: str | None = None
+    """The configured upstream endpoint that answered (the terminal event's ``endpoint``,
+    contract 1.1); ``None`` while running and without an upstreams file."""
 
 
 def parse_arguments(text: str) -> dict[str, Any] | None:
@@ -205,6 +208,8 @@ class Assembler:
         elif isinstance(end, StreamError):
             out.status, out.error = end.status, end.error
             out.usage, out.finish_reason = end.usage, end.finish_reason
+        if end is not None and isinstance(end.endpoint, str):
+            out.endpoint = end.endpoint
         if out.model is None:
             out.model = self._start.model if self._start is not None else self._model
         return out

@@ -139,12 +139,14 @@ def _text_of(block: AssembledBlock) -> str:
 def _end_of(snapshot: StreamSnapshot) -> StreamDone | StreamError | None:
     """Return the terminal event a finished snapshot's result came from (its fields as the result kept them)."""
     result = snapshot.result
+    endpoint = result.endpoint if result.endpoint is not None else msgspec.UNSET
     if result.status in ("completed", "incomplete"):
         return StreamDone(stream_id=snapshot.stream_id, seq=snapshot.seq, ts=snapshot.ts, status=result.status,
                           finish_reason=result.finish_reason, provider_finish_reason=result.provider_finish_reason,
-                          usage=result.usage, response_id=result.response_id, model=result.model)
+                          usage=result.usage, response_id=result.response_id, model=result.model, endpoint=endpoint)
     if result.status in ("failed", "interrupted", "cancelled") and result.error is not None:
         status: ErrorStatus = result.status
         return StreamError(stream_id=snapshot.stream_id, seq=snapshot.seq, ts=snapshot.ts, status=status,
-                           error=result.error, usage=result.usage, finish_reason=result.finish_reason)
+                           error=result.error, usage=result.usage, finish_reason=result.finish_reason,
+                           endpoint=endpoint)
     return None

@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.problems import FieldError, ProblemError, from_http_exception
 from publisher.state import SETTINGS, TELEMETRY
+from publisher.wire.durable import EXPOSE_HEADERS as DURABLE_EXPOSE_HEADERS
 from schema.errors import InternalError
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ALLOW_METHODS = "GET, POST, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type, If-None-Match, Last-Event-ID"
-EXPOSE_HEADERS = "ETag, Location, Retry-After, WWW-Authenticate"
+ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID, If-None-Match"
+EXPOSE_HEADERS = ", ".join(("Location", "Retry-After", "WWW-Authenticate", *DURABLE_EXPOSE_HEADERS))
 PREFLIGHT_MAX_AGE_S = 600
 
 

@@ -13,6 +13,8 @@ from typing import Final
 
 from aiohttp import web
 
+from publisher.api.agui_stream import stream_agui
+from publisher.api.durable import refuse_write, stream_durable, stream_head
 from publisher.api.events import stream_events
 from publisher.api.readiness import healthz, readyz
 from publisher.api.status import cancel, stream_status
@@ -32,6 +34,10 @@ ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", "/v1/streams/{stream_id}", stream_status),
     ("GET", "/v1/streams/{stream_id}/events", stream_events),
     ("GET", "/v1/streams/{stream_id}/ui", stream_ui),
+    ("GET", "/v1/streams/{stream_id}/agui", stream_agui),
+    ("GET", "/v1/streams/{stream_id}/durable", stream_durable),
+    ("HEAD", "/v1/streams/{stream_id}/durable", stream_head),
+    *((method, "/v1/streams/{stream_id}/durable", refuse_write) for method in ("POST", "PUT", "DELETE", "PATCH")),
     ("POST", "/v1/streams/{stream_id}/cancel", cancel),
     ("POST", "/v1/streams/{stream_id}/tokens", mint_token),
     ("GET", "/healthz", healthz),

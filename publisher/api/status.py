@@ -120,6 +120,7 @@ async def _status_body(request: web.Request, stream_id: str, scope: Scope, held:
         "last_seq": max(info.last_seq, result.read_seq),
         "provider": meta.get("provider"),
         "model": meta.get("model"),
+        "endpoint": result.endpoint,
         "created_ms": int(created_ms) if created_ms else None,
         "epoch": info.epoch or None,
         # every seq from 1 to the top meta had stored (not only a first seq of 1, or nothing read at all),

@@ -54,6 +54,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The last seq read (0: none)."""
     ts_ms: int = 0
     """``ts`` of the last event the result includes, ms since the Unix epoch (0: none)."""
+    endpoint: str | None = None
+    """The result's ``endpoint``: the upstreams-file endpoint that answered (contract 1.1), if any."""
 
 
 class _Assembly:
@@ -97,7 +99,7 @@ class _Assembly:
         result = self.assembler.result()
         body = msgspec.json.encode(result)
         self.snapshot = Snapshot(body=body, status=result.status, whole=self.whole, read_seq=self.read_seq,
-                                 ts_ms=self.ts_ms)
+                                 ts_ms=self.ts_ms, endpoint=result.endpoint)
         if result.status != "running":
             self.assembler = None
         self.size = ENTRY_BYTES + len(body) + (self.applied * EVENT_BYTES if self.assembler is not None else 0)

@@ -31,10 +31,10 @@ from publisher.api.auth import require_api_key
 from publisher.api.limits import path_stream_id, read_body
 from publisher.api.problems import FieldError, ProblemError
 from publisher.api.tokens import issue
-from publisher.api.validation import Submission, decode_body, parse_submission
+from publisher.api.validation import Submission, check_route, decode_body, parse_submission
 from publisher.history.visibility import Scope
 from publisher.settings import PublisherSettings
-from publisher.state import KEYS, REDIS, SETTINGS, SHARDS
+from publisher.state import KEYS, REDIS, SETTINGS, SHARDS, UPSTREAMS
 from schema.job import Job, job_encoder, new_stream_id
 from schema.keys import JOB_FIELD, Keys, shard_of
 from schema.logs import quoted
@@ -191,7 +191,7 @@ async def _enqueue(request: web.Request, stream_id: str, sub: Submission, now_ms
     keys, redis, shards = request.app[KEYS], request.app[REDIS], request.app[SHARDS]
     job = Job(stream_id=stream_id, provider=sub.provider, model=sub.model, request=sub.request,
               metadata=sub.metadata, created_ms=now_ms, reasoning_visibility=sub.reasoning_visibility,
-              trace_context=_trace_context())
+              endpoint=sub.endpoint, trace_context=_trace_context())
     await shards.announce(redis)
     stream = shards.stream_for(stream_id)
     try:
@@ -213,7 +213,8 @@ async def submit(request: web.Request) -> web.Response:
 
     Raises:
         ProblemError: 401 (API key), 413 (body size), 400 (``invalid-body``,
-            ``invalid-field``), 409 (``stream-id-conflict``).
+            ``invalid-field``: also a job no endpoint serves, :func:`check_route`),
+            409 (``stream-id-conflict``).
     """
     require_api_key(request)
     sub = parse_submission(await read_body(request, request.app[SETTINGS].max_body_bytes))
@@ -228,8 +229,10 @@ async def accept_submission(request: web.Request, sub: Submission) -> dict[str, 
     route: demo mode and its own page).
 
     Raises:
-        ProblemError: 409 (``stream-id-conflict``).
+        ProblemError: 400 (``invalid-field``: no endpoint serves the job, :func:`check_route`),
+            409 (``stream-id-conflict``).
     """
+    check_route(request.app[UPSTREAMS], sub)
     settings = request.app[SETTINGS]
     stream_id = sub.stream_id or new_stream_id()
     now_ms = int(time.time() * 1000)

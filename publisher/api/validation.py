@@ -19,6 +19,7 @@ from publisher.api.limits import valid_stream_id
 from publisher.api.problems import FieldError, ProblemError
 from schema.contract import Visibility
 from schema.job import PROVIDERS, Provider
+from schema.upstreams import NAME_PATTERN, Upstreams, targets
 
 MAX_MODEL_CHARS: Final = 256
 """Longest accepted ``model`` name."""
@@ -42,14 +43,19 @@ class Submission(msgspec.Struct, frozen=True, kw_only=True):
     """Opaque caller metadata, copied onto ``stream.start``."""
     reasoning_visibility: Visibility = "public"
     """Visibility of the stream's reasoning blocks."""
+    endpoint: str = ""
+    """The upstreams file's endpoint to send it to (``FANOUT_UPSTREAMS_FILE``), else empty."""
 
     def body_hash(self) -> str:
         """Return the SHA-256 (hex) of the canonical JSON of everything but ``stream_id``.
 
-        Two submissions with the same hash are the same job, whatever their key order.
+        Two submissions with the same hash are the same job, whatever their key order. An
+        empty ``endpoint`` is left out, so a body hashes as it did before endpoints existed.
         """
-        canonical = msgspec.json.encode(msgspec.structs.replace(self, stream_id=None), order="sorted")
-        return hashlib.sha256(canonical).hexdigest()
+        fields = msgspec.structs.asdict(self) | {"stream_id": None}
+        if not self.endpoint:
+            del fields["endpoint"]
+        return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
 def _check_provider(value: Any) -> str | None:
@@ -74,6 +80,12 @@ def _check_stream_id(value: Any) -> str | None:
     return "must match ^[A-Za-z0-9_-]{1,128}$"
 
 
+def _check_endpoint(value: Any) -> str | None:
+    if isinstance(value, str) and NAME_PATTERN.fullmatch(value):
+        return None
+    return "must be an endpoint name of the upstreams file: 1 to 64 letters, digits, '_', '.', '-'"
+
+
 def _check_visibility(value: Any) -> str | None:
     return None if value in VISIBILITIES else "must be 'public' or 'internal'"
 
@@ -85,6 +97,7 @@ CHECKS: Final[dict[str, tuple[bool, Callable[[Any], str | None]]]] = {
     "stream_id": (False, _check_stream_id),
     "metadata": (False, _check_object),
     "reasoning_visibility": (False, _check_visibility),
+    "endpoint": (False, _check_endpoint),
 }
 """Field → (required, check returning an error text or ``None``)."""
 
@@ -115,6 +128,23 @@ def field_errors(body: dict[str, Any]) -> list[FieldError]:
         elif (problem := check(body[name])) is not None:
             errors.append(FieldError(field=name, detail=problem))
     return errors + _request_errors(body)
+
+
+def check_route(upstreams: Upstreams, sub: Submission) -> None:
+    """Refuse a job no endpoint of ``upstreams`` can serve (:func:`schema.upstreams.targets`).
+
+    Raises:
+        ProblemError: ``invalid-field`` on ``endpoint`` (unknown, or it does not speak the
+            job's ``provider``: both are named) or on ``model`` (neither a route nor served
+            by a default endpoint, when no endpoint is named).
+    """
+    try:
+        targets(upstreams, sub.provider, sub.model, sub.endpoint)
+    except LookupError as exc:
+        field = "endpoint" if sub.endpoint else "model"
+        detail = str(exc.args[0])
+        raise ProblemError("invalid-field", f"invalid fields: {field}",
+                           errors=[FieldError(field=field, detail=detail)]) from exc
 
 
 def json_depth(value: Any) -> int:

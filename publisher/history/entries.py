@@ -142,12 +142,12 @@ def entry_of(seq: int, raw: bytes | None, epoch: bytes = b"") -> Entry:
         The entry with its ready SSE frame; see :func:`parse_entry` for one without JSON.
     """
     if raw is None:
-        return _invalid(seq, epoch)
+        return invalid_entry(seq, epoch)
     try:
         data = raw if b"\n" not in raw and b"\r" not in raw else one_line(raw)
         peek = _peek.decode(data)
     except (msgspec.DecodeError, RecursionError):  # not JSON (one_line re-encodes only JSON), not an
-        return _invalid(seq, epoch)  # event object, or nested past the decoder's recursion limit
+        return invalid_entry(seq, epoch)  # event object, or nested past the decoder's recursion limit
     kind = peek.type
     name = _TYPE_NAMES.get(kind)
     if name is None:
@@ -246,7 +246,7 @@ def _fast_page(first: int, datas: list[bytes], epoch: bytes) -> Page | None:
     return entries
 
 
-def _invalid(seq: int, epoch: bytes) -> Entry:
+def invalid_entry(seq: int, epoch: bytes) -> Entry:
     """Return the entry of a stored item without event JSON (a writer's bug): keeps its seq, sends nothing."""
     log.error("stream entry %s holds no event JSON; it is not sent", seq)
     return Entry(seq=seq, type="invalid", ts_ms=0, block_index=None, block_kind=None, visibility=None, frame=b"",

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import ResponseError
 
-from publisher.history.entries import TOP_OF_OURS, Entry, entry_of, event_field, ours_seq, parse_entry
+from publisher.history.entries import TOP_OF_OURS, Entry, ours_seq
+from publisher.history.pages import item_entries
 from schema.keys import Keys, seq_of
 
 if TYPE_CHECKING:
@@ -49,12 +50,12 @@ async def find_block_start(redis: RedisClient, keys: Keys, stream_id: str, befor
             seq = ours_seq(entry_id)
             if seq is None:  # a foreign id sorts above ours: skip it
                 continue
-            entry = entry_of(seq, event_field(fields))
-            if entry.type == "block.start" and entry.block_index is not None:
-                if entry.block_index == block_index:
-                    return entry
-                if entry.block_index < block_index:
-                    return None
+            for entry in reversed(item_entries(stream_id, entry_id, fields)):  # a compacted run: many
+                if entry.type == "block.start" and entry.block_index is not None and entry.seq < before_seq:
+                    if entry.block_index == block_index:
+                        return entry
+                    if entry.block_index < block_index:
+                        return None
             upper = seq
         if not raw or len(raw) < count or upper == below:
             return None
@@ -84,7 +85,7 @@ async def tops(redis: RedisClient, keys: Keys, stream_ids: list[str]) -> list[To
             pipe.xrevrange(keys.events(stream_id), TOP_OF_OURS, "-", count=1)
         replies = await pipe.execute(raise_on_error=False)
     results: list[Top | ResponseError] = []
-    for fields, top in zip(replies[::2], replies[1::2], strict=True):
+    for stream_id, fields, top in zip(stream_ids, replies[::2], replies[1::2], strict=True):
         failed = next((reply for reply in (top, fields) if isinstance(reply, Exception)), None)
         if failed is not None:
             if not isinstance(failed, ResponseError):
@@ -93,5 +94,5 @@ async def tops(redis: RedisClient, keys: Keys, stream_ids: list[str]) -> list[To
         else:
             state, epoch = fields
             results.append((seq_of(top[0][0]) if top else None, _text(state),
-                            bool(top) and parse_entry(*top[0]).terminal, epoch))
+                            bool(top) and any(e.terminal for e in item_entries(stream_id, *top[0])[-1:]), epoch))
     return results

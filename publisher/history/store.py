@@ -1,9 +1,10 @@
 """Reads of one stream's stored state: meta, tombstone and event entries, by exact position.
 
-Entries are ``0-<seq>`` with field ``e`` (schema.keys). Every read is an exclusive
+Entries are ``0-<seq>`` with field ``c`` (the compact form, :mod:`schema.stored`) or ``e``
+(the JSON form of streams stored before it); a compacted run's entry id is its last seq. Every read is an exclusive
 ``XRANGE key (0-<n> + COUNT c`` (or one ``XREAD`` of several streams, each after its own
 position), so a position is always a concrete seq, never "the current tail". Replies are
-parsed into :class:`~publisher.history.entries.Entry` objects once (:mod:`publisher.history.entries`).
+parsed into :class:`~publisher.history.entries.Entry` objects once (:mod:`publisher.history.pages`).
 
 Every page that holds entries is followed by a read of the stream's meta ``epoch``
 (``HGET``, once the entries are in): :attr:`publisher.history.entries.Page.epoch`. If it is
@@ -27,15 +28,8 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from infra.redis_client import REDIS_ERRORS
-from publisher.history.entries import (
-    TOP_OF_OURS,
-    Entry,
-    Page,
-    entries_of,
-    event_field,
-    ours,
-    parse_entry,
-)
+from publisher.history.entries import TOP_OF_OURS, Entry, Page, ours
+from publisher.history.pages import item_entries, item_jsons, page_of
 from publisher.history.probes import Top, find_block_start, tops
 from schema.errors import InternalError
 from schema.keys import Keys, seq_of
@@ -96,6 +90,13 @@ def _int(value: str | None) -> int:
         return 0
 
 
+def _after(page: Page, after_seq: int, count: int) -> Page:
+    """``page`` without entries at or before ``after_seq`` and cut to ``count``: a compacted run reaches outside."""
+    if page and (page[0].seq <= after_seq or len(page) > count):
+        return Page([entry for entry in page if entry.seq > after_seq][:count], page.epoch)
+    return page
+
+
 class Store:
     """Stream reads over one Redis client.
 
@@ -127,14 +128,14 @@ class Store:
             pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             meta_raw, tomb_raw, top = await pipe.execute()
         meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
-        last = parse_entry(*top[0]) if top else None
+        last = item_entries(stream_id, *top[0])[-1:] if top else None
         top_seq = seq_of(top[0][0]) if top else 0
         last_seq = max(_int(meta.get("last_seq")), top_seq)
         _known_top.set((stream_id, last_seq))  # for read_after: a shared read must not show less
         return StreamInfo(
             known=bool(meta) or bool(top),
             last_seq=last_seq,
-            terminal=meta.get("state") == "done" or (last is not None and last.terminal),
+            terminal=meta.get("state") == "done" or bool(last and last[0].terminal),
             meta=meta,
             tomb=tomb,
             tomb_last_seq=_int(tomb.get("last_seq")),
@@ -221,8 +222,9 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [entries_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""))
-                for (stream_id, _), key in zip(positions, keys, strict=True)]
+        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
+                               limit=self.page), after, self.page)
+                for (stream_id, after), key in zip(positions, keys, strict=True)]
 
     async def _epochs(self, stream_ids: list[str]) -> list[bytes]:
         """Meta ``epoch`` of each stream (``b""`` when none), read after its entries: one round trip."""
@@ -235,7 +237,7 @@ class Store:
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        return entries_of(stream_id, raw, epoch)
+        return _after(page_of(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
@@ -289,8 +291,9 @@ class Store:
             for entry_id, fields in raw:
                 if not ours(stream_id, entry_id):
                     return  # a foreign id sorts above every 0-<seq>: nothing of ours follows
+                for seq, data in item_jsons(stream_id, entry_id, fields):
+                    if seq > cursor:
+                        yield seq, data
                 cursor = seq_of(entry_id)
-                if (data := event_field(fields)) is not None:
-                    yield cursor, data
             if len(raw) < self.page:
                 return

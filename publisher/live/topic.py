@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Final, Literal
 
 from publisher.history.entries import Entry, entry_of
+from publisher.history.pages import value_entries
 from publisher.live.notification import Notification
 from publisher.live.reader import CloseReason, Reader, Shared, same_generation
 
@@ -219,6 +220,9 @@ class Topic:
         assert note.events is not None
         skip = max(0, self.fetched + 1 - note.first_seq)
         first, epoch = note.first_seq + skip, self.epoch or b""
+        if note.compact:
+            return [entry for index, raw in enumerate(note.events[skip:])
+                    for entry in value_entries(self.stream_id, first + index, raw, epoch)]
         return [entry_of(first + index, raw, epoch) for index, raw in enumerate(note.events[skip:])]
 
 

@@ -1,4 +1,4 @@
-"""Wire formats of a stream: the contract over SSE, and the AI SDK's UI message stream. Pure.
+"""Wire formats of a stream: contract SSE, the AI SDK's UI message stream, AG-UI, Durable Streams. Pure.
 
 Bytes and chunk objects only: no I/O, no Redis, no aiohttp. Must not import
 :mod:`publisher.api`, :mod:`publisher.live`, :mod:`publisher.history`, :mod:`infra`,

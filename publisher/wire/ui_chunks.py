@@ -9,12 +9,13 @@ contract event                             chunks
 =========================================  =================================================
 ``stream.start``                           ``start`` (``messageId`` = stream id), ``start-step``
 ``block.start`` text / refusal             ``text-start`` (a refusal carries ``fanout.kind``)
-``block.start`` reasoning                  ``reasoning-start``
-``block.start`` tool_call                  ``tool-input-start`` (``toolCallId``, ``toolName``)
+``block.start`` reasoning                  ``reasoning-start`` (a redacted one carries ``fanout.redacted``)
+``block.start`` tool_call                  ``tool-input-start`` (``toolCallId`` unique in the message,
+                                           ``toolName``, ``inputEncoding: "json"``)
 ``block.delta`` text                       ``text-delta`` / ``reasoning-delta`` by block kind
 ``block.delta`` json_text                  ``tool-input-delta``
 ``block.delta`` signature                  none: kept, sent as ``providerMetadata.fanout.signature``
-                                           on the block's end chunk
+                                           on the block's end chunk (a tool call's: on its outcome)
 ``block.stop`` text / reasoning            ``text-end`` / ``reasoning-end``
 ``block.stop`` tool_call                   none yet: a call is only usable once the stream completed
 ``stream.done`` ``completed``              per tool call: ``tool-input-available`` when its block
@@ -24,7 +25,21 @@ contract event                             chunks
 ``stream.error``                           ``tool-input-error`` per tool call, ``error``
                                            (``errorText`` = the error's safe message),
                                            ``finish-step``, ``finish`` (``finishReason: error``)
+``stream.error`` ``cancelled``             ``tool-input-error`` per tool call, ``abort`` (``reason``),
+                                           ``finish-step``, ``finish`` (no ``finishReason``)
 =========================================  =================================================
+
+Tool call ids are unique within the message (:class:`publisher.wire.call_ids.CallIds`):
+the SDK keys a tool part by ``toolCallId``, so two parallel calls a provider gave one id
+(Kimi-style Anthropic-compatible endpoints, some OpenAI relays) would merge into one part.
+A derived id keeps the provider's in the part's provider metadata
+(``callProviderMetadata.fanout.call_id``), to be sent back upstream unchanged.
+
+The chunk types of ``ai``'s ``uiMessageChunkSchema`` left unused have nothing in the
+contract to carry: ``source-*`` and ``file`` (no citations or files in contract v1),
+``tool-output-*`` and ``tool-approval-request`` (fanout streams a model's answer, it runs
+no tools), ``data-*`` and ``message-metadata`` (what fanout knows late rides on
+``finish``).
 
 So no chunk ever makes a tool input executable (state ``input-available``) unless fanout's
 rule allows it: the call's block closed, with parseable arguments, in a ``completed``
@@ -43,6 +58,7 @@ from typing import Any, Final
 
 import msgspec
 
+from publisher.wire.call_ids import CallIds
 from schema.contract import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
 from schema.reducer import parse_arguments
 
@@ -75,10 +91,10 @@ def chunk_frame(chunk: Chunk) -> bytes:
 
 
 class _Call:
-    __slots__ = ("closed", "name", "parts")
+    __slots__ = ("closed", "name", "parts", "provider_id")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, provider_id: str) -> None:
+        self.name, self.provider_id = name, provider_id
         self.parts: list[str] = []
         self.closed = False
 
@@ -96,6 +112,7 @@ class UIMessageTranslator:
         self._signatures: dict[int, list[str]] = {}
         self._calls: dict[int, _Call] = {}
         self._call_ids: dict[int, str] = {}
+        self._unique_ids = CallIds()
         self.finished = False
         """A terminal event was translated; nothing more will be produced."""
 
@@ -120,13 +137,19 @@ class UIMessageTranslator:
         index, kind = event.block.index, event.block.kind
         self._kinds[index], self._ids[index] = kind, event.block.id
         if kind == "tool_call":
-            call_id = event.tool.call_id if event.tool else event.block.id
+            provider_id = event.tool.call_id if event.tool else ""
             name = event.tool.name if event.tool else ""
-            self._calls[index], self._call_ids[index] = _Call(name), call_id
-            return [{"type": "tool-input-start", "toolCallId": call_id, "toolName": name}]
+            call_id = self._unique_ids.assign(index, provider_id)
+            self._calls[index], self._call_ids[index] = _Call(name, provider_id), call_id
+            chunk: Chunk = {"type": "tool-input-start", "toolCallId": call_id, "toolName": name,
+                            "inputEncoding": "json"}
+            return [self._with_call_metadata(chunk, index)]
         if kind == "reasoning":
-            return [{"type": "reasoning-start", "id": event.block.id}]
-        chunk: Chunk = {"type": "text-start", "id": event.block.id}
+            chunk = {"type": "reasoning-start", "id": event.block.id}
+            if event.redacted:
+                chunk["providerMetadata"] = {"fanout": {"redacted": True}}
+            return [chunk]
+        chunk = {"type": "text-start", "id": event.block.id}
         if kind == "refusal":
             chunk["providerMetadata"] = {"fanout": {"kind": "refusal"}}
         return [chunk]
@@ -169,12 +192,15 @@ class UIMessageTranslator:
         if isinstance(event, StreamDone):
             meta.update(provider_finish_reason=event.provider_finish_reason, model=event.model,
                         response_id=event.response_id)
-            reason = FINISH_REASONS.get(event.finish_reason or "", "other")
+            reason: str | None = FINISH_REASONS.get(event.finish_reason or "", "other")
         else:
             meta["error"] = msgspec.to_builtins(event.error)
-            chunks.append({"type": "error", "errorText": f"{event.status}: {event.error.message}"})
-            reason = "error"
-        finish = {"type": "finish", "finishReason": reason, "messageMetadata": {"fanout": meta}}
+            text = f"{event.status}: {event.error.message}"
+            cancelled = event.status == "cancelled"
+            chunks.append({"type": "abort", "reason": text} if cancelled else {"type": "error", "errorText": text})
+            reason = None if cancelled else "error"
+        finish: Chunk = {"type": "finish", **({"finishReason": reason} if reason else {}),
+                         "messageMetadata": {"fanout": meta}}
         chunks += [{"type": "finish-step"}, finish]
         return chunks
 
@@ -183,60 +209,20 @@ class UIMessageTranslator:
         text = "".join(call.parts)
         arguments = parse_arguments(text) if call.closed else None
         if usable and arguments is not None:
-            return {"type": "tool-input-available", "toolCallId": call_id, "toolName": call.name, "input": arguments}
-        return {"type": "tool-input-error", "toolCallId": call_id, "toolName": call.name, "input": text,
-                "errorText": UNUSABLE_CALL}
+            chunk = {"type": "tool-input-available", "toolCallId": call_id, "toolName": call.name, "input": arguments}
+        else:
+            chunk = {"type": "tool-input-error", "toolCallId": call_id, "toolName": call.name, "input": text,
+                     "errorText": UNUSABLE_CALL}
+        return self._with_call_metadata(chunk, index)
 
-
-_DELTA_TEXT: Final = {"text-delta": ("id", "delta"), "reasoning-delta": ("id", "delta"),
-                      "tool-input-delta": ("toolCallId", "inputTextDelta")}
-"""Delta chunk type → (its block key field, its text field)."""
-
-
-class DeltaJoiner:
-    """Joins a run of delta chunks into one delta per block (a replay's: the client gets state, not tokens).
-
-    Delta chunks (``text-delta``, ``reasoning-delta``, ``tool-input-delta``) are held, each
-    block's joined in arrival order; any other chunk first releases every held delta (in
-    the order their blocks first had one), then passes. So no delta moves past another
-    chunk, and the SDK, which appends deltas per block id, builds the same message. The
-    text held is bounded: once it passes ``max_chars`` it is released as it stands (a
-    longer block then arrives in a few deltas, each about ``max_chars``).
-
-    Args:
-        max_chars: Most characters held before they are released (``FANOUT_UI_JOIN_MAX_CHARS``).
-    """
-
-    def __init__(self, max_chars: int) -> None:
-        self._held: dict[tuple[str, str], tuple[Chunk, list[str]]] = {}
-        self._max_chars = max_chars
-        self._chars = 0
-
-    def feed(self, chunks: list[Chunk]) -> list[Chunk]:
-        """Return the chunks to send now for ``chunks`` (delta chunks are held instead)."""
-        out: list[Chunk] = []
-        for chunk in chunks:
-            fields = _DELTA_TEXT.get(chunk["type"])
-            if fields is None:
-                out += self.flush()
-                out.append(chunk)
-                continue
-            key, text = (chunk["type"], chunk[fields[0]]), chunk[fields[1]]
-            held = self._held.get(key)
-            if held is None:
-                self._held[key] = (chunk, [text])
-            else:
-                held[1].append(text)
-            self._chars += len(text)
-            if self._chars > self._max_chars:
-                out += self.flush()
-        return out
-
-    def flush(self) -> list[Chunk]:
-        """Return every held delta, one chunk per block, and hold nothing."""
-        out = []
-        for (kind, _), (first, parts) in self._held.items():
-            out.append({**first, _DELTA_TEXT[kind][1]: "".join(parts)})
-        self._held.clear()
-        self._chars = 0
-        return out
+    def _with_call_metadata(self, chunk: Chunk, index: int) -> Chunk:
+        """Add ``providerMetadata.fanout``: the provider's call id when it was replaced, the signature so far."""
+        fanout: dict[str, str] = {}
+        if CallIds.derived(self._call_ids[index], self._calls[index].provider_id):
+            fanout["call_id"] = self._calls[index].provider_id
+        signature = self._signatures.get(index)
+        if signature:
+            fanout["signature"] = "".join(signature)
+        if fanout:
+            chunk["providerMetadata"] = {"fanout": fanout}
+        return chunk

@@ -98,13 +98,15 @@ async def raw(port: int, request: bytes) -> str | None:
 async def api_answers(http: aiohttp.ClientSession, base: str) -> list[str | None]:
     """Ask every hostile request a client library can send; what is wrong with each answer."""
     key, auth = {"Authorization": f"Bearer {API_KEY}"}, {"Authorization": f"Bearer {token_for(SID)}"}
-    events, answers = f"{base}/v1/streams/{SID}/events", []
+    events, agui, answers = f"{base}/v1/streams/{SID}/events", f"{base}/v1/streams/{SID}/agui", []
     for position in POSITIONS:
         answers.append(await ask(http, "GET", events, headers={**auth, "Last-Event-ID": position}))
         answers.append(await ask(http, "GET", f"{events}?last_event_id={quote(position, safe='')}", headers=auth))
+        answers.append(await ask(http, "GET", agui, headers={**auth, "Last-Event-ID": position}))
     answers += [await ask(http, "GET", events + query, headers=auth) for query in QUERIES]
     for value in AUTHS:
-        for path in (f"/v1/streams/{SID}/events", f"/v1/streams/{SID}", f"/v1/streams/{SID}/ui"):
+        for path in (f"/v1/streams/{SID}/events", f"/v1/streams/{SID}", f"/v1/streams/{SID}/ui",
+                     f"/v1/streams/{SID}/agui"):
             answers.append(await ask(http, "GET", base + path, headers={"Authorization": value}))
     answers += [await ask(http, "GET", base + path, headers=auth) for path in PATHS]
     for body in BODIES:

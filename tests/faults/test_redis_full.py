@@ -26,6 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from schema.keys import Keys
+from schema.stored_entries import entry_jsons
 from tests.faults.conftest import StartPublisher
 from tests.faults.polling import until
 from tests.faults.procs import log_problems
@@ -79,7 +80,8 @@ async def test_streams_end_explicit_and_lose_nothing_stored_when_redis_is_full(
     for sid in sids:
         assert after[sid][:len(before[sid])] == before[sid]  # nothing stored before the fill is gone
     for reader in readers:
-        stored = {int(eid.split(b"-")[1]): fields[b"e"].decode() for eid, fields in after[reader.sid]}
+        stored = {seq: data.decode() for eid, fields in after[reader.sid]
+                  for seq, data in entry_jsons(reader.sid, eid, fields)}
         assert reader.seqs == sorted(stored)
         assert [data for _, data in reader.events] == [stored[seq] for seq in reader.seqs]
         assert reader.terminal == "stream.error"

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
+from schema.stored_entries import entry_jsons
 from tests.faults.procs import PublisherProcess, log_problems
 from tests.faults.sse import GUARD_S, TERMINALS, Parser
 from tests.publisher.helpers import API_KEY, SECRET
@@ -167,8 +168,8 @@ async def inflict(server: RedisServer) -> None:
 
 def stored(server: RedisServer, prefix: str, sid: str) -> dict[int, str]:
     with server.client() as client:
-        return {int(eid.decode().split("-")[1]): fields[b"e"].decode()
-                for eid, fields in client.xrange(f"{prefix}:{{{sid}}}:events")}
+        return {seq: data.decode() for eid, fields in client.xrange(f"{prefix}:{{{sid}}}:events")
+                for seq, data in entry_jsons(sid, eid, fields)}
 
 
 async def test_every_reader_of_every_stream_gets_it_whole_through_kills_a_freeze_and_a_restart(

@@ -45,6 +45,8 @@ function compactParts(message) {
     } else if (part.type.startsWith("tool-")) {
       const usable = part.state === "input-available";
       const item = { type: "tool", toolCallId: part.toolCallId, toolName: part.type.slice(5), usable };
+      const providerCallId = part.callProviderMetadata?.fanout?.call_id;
+      if (providerCallId !== undefined) item.providerCallId = providerCallId;
       if (usable) item.input = part.input;
       out.push(item);
     }
@@ -70,7 +72,7 @@ test("every golden transcript reads through the AI SDK into the assembled result
       assert.equal(message.id, stream.stream_id);
       assert.deepEqual(compactParts(message), stream.expected.parts);
       assert.equal(message.metadata.fanout.status, stream.expected.status);
-      const failed = ["failed", "interrupted", "cancelled"].includes(stream.expected.status);
+      const failed = ["failed", "interrupted"].includes(stream.expected.status); // a cancelled one is an abort
       assert.equal(errors.length, failed ? 1 : 0, `error chunks: ${errors}`);
     });
   }
@@ -125,4 +127,19 @@ test("a stream dropped mid-way is resumed by the SDK's reconnect and replays who
 
   const after = await transportFor(uiUrl(resume, "&resume=1")).reconnectToStream({ chatId: resume.stream_id });
   assert.equal(after, null, "once the stream ended, the reconnect request gets 204: nothing to resume");
+});
+
+test("two parallel calls a provider gave one id stay two tool parts, the provider's id kept", async () => {
+  const shared = manifest.streams.filter((stream) => stream.name.endsWith("_share_one_id"));
+  assert.equal(shared.length, 2, "the Anthropic-compatible and the OpenAI relay goldens");
+  for (const stream of shared) {
+    const chunks = await transportFor(uiUrl(stream)).reconnectToStream({ chatId: stream.stream_id });
+    const { message } = await finalMessage(chunks);
+    const tools = message.parts.filter((part) => part.type.startsWith("tool-"));
+    assert.equal(tools.length, 2, stream.name);
+    assert.notEqual(tools[0].toolCallId, tools[1].toolCallId);
+    assert.equal(tools[1].callProviderMetadata.fanout.call_id, tools[0].toolCallId);
+    assert.deepEqual(tools.map((part) => part.state), ["input-available", "input-available"]);
+    assert.notDeepEqual(tools[0].input, tools[1].input);
+  }
 });

@@ -40,6 +40,7 @@ from schema.contract import (
     terminal_status,
 )
 from schema.keys import Keys
+from schema.stored import encode_stored
 
 API_KEY = "test-api-key-0123456789"
 SECRET = "test-secret-" + "x" * 40
@@ -115,8 +116,11 @@ def text_stream(sid: str, deltas: int, *, end: str = "done") -> list[Event]:
 class StreamWriter:
     """Writes one stream's entries as a worker would (without the fencing script)."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, sid: str, *, epoch: bytes = b"") -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, sid: str, *, epoch: bytes = b"",
+                 compact: bool = False) -> None:
         self.redis, self.keys, self.sid = redis, keys, sid
+        self.compact = compact
+        """Store the compact form (field ``c``, schema.stored) and notify it, as today's worker; else the JSON form."""
         self.mode: LiveMode | None = None
         self.epoch = epoch
         """The generation written (meta ``epoch`` at seq 1, on every notification); ``b""``: none, as before 1.1."""
@@ -131,8 +135,9 @@ class StreamWriter:
         """Store ``events`` one by one, each notified seq-only (an older worker) or, with
         ``full``, carrying its event as the append script does."""
         for event in events:
-            await self.redis.xadd(self.keys.events(self.sid), {"e": encode_event(event)}, id=f"0-{event.seq}",
-                                  maxlen=maxlen, approximate=False)
+            value = encode_stored(event) if self.compact else encode_event(event)
+            await self.redis.xadd(self.keys.events(self.sid), {"c" if self.compact else "e": value},
+                                  id=f"0-{event.seq}", maxlen=maxlen, approximate=False)
             fields: dict[str, Any] = {"last_seq": event.seq}
             if event.seq == 1 and self.epoch:
                 fields["epoch"] = self.epoch
@@ -140,11 +145,12 @@ class StreamWriter:
                 fields.update(state="done", status=terminal_status(event))
             await self.redis.hset(self.keys.meta(self.sid), mapping=fields)
             if notify:
-                await self.notify(event.seq, [encode_event(event)] if full else None)
+                await self.notify(event.seq, [value] if full else None)
 
     async def notify(self, last_seq: int, events: list[bytes] | None = None) -> None:
         """Publish one live notification: seq-only, or carrying ``events`` (ending at ``last_seq``)."""
-        payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30, self.epoch) if events
+        payload = (encode_notification(last_seq - len(events) + 1, events, 1 << 30, self.epoch, compact=self.compact)
+                   if events
                    else encode_notification(last_seq, [b""], 0, self.epoch))
         self.mode = self.mode or await live_mode(self.redis)
         await publish_live(self.redis, self.mode, self.keys.live(self.sid), payload)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from publisher.wire.ui_chunks import Chunk, DeltaJoiner, UIMessageTranslator
+from publisher.wire.ui_chunks import Chunk, UIMessageTranslator
+from publisher.wire.ui_join import DeltaJoiner
 from schema.contract import Event, decode_event
 from tests.publisher.conftest import Ctx
 from tests.publisher.helpers import (

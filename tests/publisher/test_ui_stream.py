@@ -146,3 +146,53 @@ def test_a_completed_call_with_bad_arguments_is_a_tool_input_error() -> None:
     chunks = [c for e in events for c in translator.feed(e)]
     assert [c["type"] for c in chunks if c["type"].startswith("tool-input-")] == [
         "tool-input-start", "tool-input-delta", "tool-input-error"]
+
+
+def test_parallel_calls_sharing_an_id_get_unique_tool_call_ids_keeping_the_providers() -> None:
+    sid = "st_x"
+    second = [BlockStart(stream_id=sid, seq=5, ts=0, block=BlockRef(id="b1", index=1, kind="tool_call"),
+                         tool=ToolInfo(call_id="call_1", name="get_weather")),
+              BlockDelta(stream_id=sid, seq=6, ts=0, block=BlockRef(id="b1", index=1, kind="tool_call"),
+                         delta=Delta(kind="json_text", text='{"city": "Nice"}')),
+              BlockStop(stream_id=sid, seq=7, ts=0, block=BlockRef(id="b1", index=1, kind="tool_call"))]
+    translator = UIMessageTranslator()
+    events = [start(sid), *tool_events(sid, 2, '{"city": "Oslo"}'), *second, done(sid, 8)]
+    chunks = [c for e in events for c in translator.feed(e)]
+    starts = [c for c in chunks if c["type"] == "tool-input-start"]
+    assert [c["toolCallId"] for c in starts] == ["call_1", "call_1~1"]
+    assert "providerMetadata" not in starts[0]
+    assert starts[1]["providerMetadata"] == {"fanout": {"call_id": "call_1"}}
+    assert {c["inputEncoding"] for c in starts} == {"json"}
+    available = [c for c in chunks if c["type"] == "tool-input-available"]
+    assert [(c["toolCallId"], c["input"]) for c in available] == [("call_1", {"city": "Oslo"}),
+                                                                   ("call_1~1", {"city": "Nice"})]
+    assert available[1]["providerMetadata"] == {"fanout": {"call_id": "call_1"}}
+    deltas = [c["toolCallId"] for c in chunks if c["type"] == "tool-input-delta"]
+    assert deltas == ["call_1", "call_1~1"]
+
+
+def test_a_cancelled_stream_ends_with_an_abort_chunk_not_an_error() -> None:
+    sid = "st_x"
+    translator = UIMessageTranslator()
+    chunks = [c for e in [start(sid), *tool_events(sid, 2, "{}"), error(sid, 5, "cancelled")]
+              for c in translator.feed(e)]
+    assert [c["type"] for c in chunks[-4:]] == ["tool-input-error", "abort", "finish-step", "finish"]
+    assert chunks[-3]["reason"] == "cancelled: boom"
+    assert "finishReason" not in chunks[-1]
+    assert chunks[-1]["messageMetadata"]["fanout"]["status"] == "cancelled"
+
+
+def test_a_redacted_reasoning_start_says_so_and_a_calls_signature_rides_on_its_outcome() -> None:
+    sid = "st_x"
+    reasoning = BlockRef(id="b0", index=0, kind="reasoning")
+    call = BlockRef(id="b1", index=1, kind="tool_call")
+    events = [start(sid), BlockStart(stream_id=sid, seq=2, ts=0, block=reasoning, visibility="public", redacted=True),
+              BlockStop(stream_id=sid, seq=3, ts=0, block=reasoning),
+              BlockStart(stream_id=sid, seq=4, ts=0, block=call, tool=ToolInfo(call_id="c", name="f")),
+              BlockDelta(stream_id=sid, seq=5, ts=0, block=call, delta=Delta(kind="signature", text="sig")),
+              BlockStop(stream_id=sid, seq=6, ts=0, block=call), done(sid, 7)]
+    translator = UIMessageTranslator()
+    chunks = [c for e in events for c in translator.feed(e)]
+    assert chunks[2] == {"type": "reasoning-start", "id": "b0", "providerMetadata": {"fanout": {"redacted": True}}}
+    outcome = next(c for c in chunks if c["type"] == "tool-input-available")
+    assert outcome["providerMetadata"] == {"fanout": {"signature": "sig"}}

@@ -77,3 +77,23 @@ def test_unknown_event_type_decodes_to_none() -> None:
 def test_known_type_with_missing_field_raises() -> None:
     with pytest.raises(msgspec.ValidationError):
         decode_event(b'{"type":"block.stop","stream_id":"s","seq":3,"ts":0}')
+
+
+def test_endpoint_is_absent_from_terminals_written_without_one() -> None:
+    done = StreamDone(stream_id="s", seq=2, ts=0, status="completed", finish_reason=None,
+                      provider_finish_reason=None, usage=None, response_id=None, model=None)
+    error = StreamError(stream_id="s", seq=2, ts=0, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="protocol", retryable=False, message="m"))
+    assert b"endpoint" not in encode_event(done)
+    assert b"endpoint" not in encode_event(error)
+
+
+def test_endpoint_round_trips_on_both_terminals_and_validates() -> None:
+    done = StreamDone(stream_id="s", seq=2, ts=0, status="completed", finish_reason=None,
+                      provider_finish_reason=None, usage=None, response_id=None, model="dep-1", endpoint="azure-east")
+    error = StreamError(stream_id="s", seq=2, ts=0, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="rate_limited", retryable=True, message="m"), endpoint="openai")
+    for event in (done, error):
+        assert decode_event(encode_event(event)) == event
+        jsonschema.validate(msgspec.json.decode(encode_event(event)), build_schema())
+    assert msgspec.json.decode(encode_event(error))["endpoint"] == "openai"

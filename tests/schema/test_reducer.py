@@ -97,5 +97,22 @@ def test_empty_arguments_mean_empty_object() -> None:
 def test_builtins_has_every_top_level_field() -> None:
     data = result_to_builtins(reduce([], stream_id="st_x"))
     assert set(data) == {"stream_id", "status", "finish_reason", "provider_finish_reason", "error", "blocks",
-                         "usage", "model", "response_id"}
+                         "usage", "model", "response_id", "endpoint"}
     assert data["stream_id"] == "st_x"
+
+
+def test_result_names_the_endpoint_of_the_terminal_event() -> None:
+    done = StreamDone(stream_id="s", seq=9, ts=0, status="completed", finish_reason="stop",
+                      provider_finish_reason="stop", usage=None, response_id="r", model="dep-1", endpoint="azure-east")
+    result = reduce([*_stream()[:5], done])
+    assert (result.endpoint, result.model) == ("azure-east", "dep-1")
+    error = StreamError(stream_id="s", seq=6, ts=0, status="failed", usage=None, finish_reason=None,
+                        error=ErrorInfo(category="rate_limited", retryable=True, message="m"), endpoint="openai")
+    assert reduce([*_stream()[:5], error]).endpoint == "openai"
+
+
+def test_result_endpoint_is_null_while_running_and_without_one() -> None:
+    assert reduce(_stream()).endpoint is None
+    done = StreamDone(stream_id="s", seq=9, ts=0, status="completed", finish_reason="stop",
+                      provider_finish_reason="stop", usage=None, response_id="r", model=None)
+    assert result_to_builtins(reduce([*_stream()[:5], done]))["endpoint"] is None

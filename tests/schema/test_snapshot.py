@@ -64,3 +64,13 @@ def test_a_snapshot_is_not_a_stored_event() -> None:
     data = encode_snapshot(snapshot_at(golden(GOLDENS[0]), 1))
     assert decode_event(data) is None  # old readers ignore it as an unknown type
     assert data.startswith(b'{"type":"stream.snapshot","stream_id":')
+
+
+def test_an_assembler_from_a_finished_snapshot_keeps_the_endpoint() -> None:
+    events = golden(GOLDENS[0])
+    end = events[-1]
+    assert hasattr(end, "endpoint")
+    events[-1] = msgspec.structs.replace(end, endpoint="azure-east")
+    snapshot = snapshot_at(events, len(events))
+    assert snapshot.result.endpoint == "azure-east"
+    assert assembler_from(decode_snapshot(encode_snapshot(snapshot))).result() == snapshot.result

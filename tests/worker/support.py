@@ -18,7 +18,9 @@ from aiohttp import web
 from infra.redis_client import RedisClient, RedisOptions, connect, primary_clients
 from schema.contract import Event, decode_event
 from schema.job import Job, job_encoder, new_stream_id
-from schema.keys import EVENT_FIELD, JOB_FIELD, Keys, shard_of
+from schema.keys import JOB_FIELD, Keys, shard_of
+from schema.stored_entries import entry_jsons
+from schema.upstreams import Upstreams
 from tests.conftest import is_cluster_url
 from tools.upstream import STATE, ServerConfig, ServerState, make_app
 from worker.runner import Worker
@@ -62,14 +64,15 @@ async def fake_upstream(config: ServerConfig | None = None) -> AsyncIterator[tup
 @contextlib.asynccontextmanager
 async def running_worker(
     settings: WorkerSettings, keys: Keys, *, telemetry: Telemetry | None = None, consumer: str | None = None,
-    credentials: Credentials | None = None,
+    credentials: Credentials | None = None, upstreams: Upstreams | None = None,
 ) -> AsyncIterator[Worker]:
     """Run a :class:`Worker` in this event loop until the block ends (then drain it)."""
     client = connect(settings.redis_url, RedisOptions(cluster=settings.redis_cluster))
     session = new_session(settings)
     worker = Worker.create(client, keys, settings, session=session, telemetry=telemetry, consumer=consumer,
                            credentials=credentials or Credentials(openai="sk-test-openai", anthropic="ak-test",
-                                                                  gemini="AIzaTestKeyTestKeyTestKey00"))
+                                                                  gemini="AIzaTestKeyTestKeyTestKey00"),
+                           upstreams=upstreams)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -105,7 +108,8 @@ async def submit(redis: RedisClient, keys: Keys, job: Job, *, shards: int = 1, s
 async def stored_events(redis: RedisClient, keys: Keys, stream_id: str) -> list[Event]:
     """Every stored event of the stream, in entry order."""
     entries = await redis.xrange(keys.events(stream_id))
-    events = [decode_event(fields[EVENT_FIELD]) for _id, fields in entries]
+    events = [decode_event(data) for entry_id, fields in entries
+              for _, data in entry_jsons(stream_id, entry_id, fields)]
     return [e for e in events if e is not None]
 
 

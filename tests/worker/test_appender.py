@@ -26,10 +26,11 @@ from schema.contract import (
     StreamStart,
     Usage,
     decode_event,
-    encode_event,
 )
 from schema.errors import InternalError
-from schema.keys import EVENT_FIELD, Keys
+from schema.keys import Keys
+from schema.stored import encode_stored
+from schema.stored_entries import entry_jsons
 from tests.conftest import client_for, delete_prefix
 from tests.worker.support import command_calls
 from worker.appender import (
@@ -75,7 +76,8 @@ async def _writer(redis: aioredis.Redis, keys: Keys, consumer: str = "c1", **lim
 
 
 async def _stored(redis: aioredis.Redis, keys: Keys) -> list[tuple[str, Event | None]]:
-    return [(i.decode(), decode_event(f[EVENT_FIELD])) for i, f in await redis.xrange(keys.events(SID))]
+    return [(f"0-{seq}", decode_event(data)) for i, f in await redis.xrange(keys.events(SID))
+            for seq, data in entry_jsons(SID, i, f)]
 
 
 async def test_append_stores_explicit_ids_and_advances_last_seq(redis_client: aioredis.Redis, keys: Keys) -> None:
@@ -184,19 +186,23 @@ async def test_append_publishes_its_events_on_live_channel(redis_client: aioredi
     writer = await _writer(redis_client, keys)
     body = _body(2, 3)
     got = await _published(redis_client, keys, writer, [[_start()], body])
-    assert got == [b"1 1\n" + encode_event(_start()), b"4 2\n" + b"\n".join(encode_event(e) for e in body)]
-    assert parse_notification(got[1]) == Notification(last_seq=4, first_seq=2, events=[encode_event(e) for e in body])
+    values = [encode_stored(e) for e in body]
+    start = encode_stored(_start())
+    assert got == [b"1 1  c\n%d:%s" % (len(start), start),
+                   b"4 2  c\n" + b"".join(b"%d:%s" % (len(v), v) for v in values)]
+    assert parse_notification(got[1]) == Notification(last_seq=4, first_seq=2, events=values, compact=True)
 
 
 @pytest.mark.parametrize("over", [0, 1])
 async def test_live_notification_size_limit(redis_client: aioredis.Redis, keys: Keys, over: int) -> None:
     body = _body(2, 3)
-    size = sum(len(encode_event(e)) + 1 for e in body)
+    values = [encode_stored(e) for e in body]
+    size = sum(len(v) + 1 for v in values)
     writer = await _writer(redis_client, keys, live_max_bytes=size - over)
     got = await _published(redis_client, keys, writer, [[_start()], body])
-    expected = encode_notification(2, [encode_event(e) for e in body], size - over)
+    expected = encode_notification(2, values, size - over, compact=True)
     assert got[1] == expected
-    assert got[1] == (b"4" if over else b"4 2\n" + b"\n".join(encode_event(e) for e in body))
+    assert got[1] == (b"4" if over else b"4 2  c\n" + b"".join(b"%d:%s" % (len(v), v) for v in values))
 
 
 async def test_terminal_sets_ttl_tombstone_and_summary(redis_client: aioredis.Redis, keys: Keys) -> None:

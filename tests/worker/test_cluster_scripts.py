@@ -61,6 +61,7 @@ KEY_POSITIONS: dict[str, str | tuple[int, ...]] = {
         "GET", "SET", "SETNX", "SETEX", "INCR", "INCRBY", "DECR", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "PERSIST",
         "HGET", "HMGET", "HSET", "HSETNX", "HDEL", "HINCRBY", "HGETALL", "HEXISTS", "HLEN",
         "XADD", "XLEN", "XRANGE", "XREVRANGE", "XTRIM", "XDEL", "XACK", "XCLAIM", "XAUTOCLAIM", "XPENDING",
+        "DUMP", "RESTORE",
         # Channels are not keys, but ours are hash-tagged per stream and declared in KEYS so the
         # slot check covers them (SPUBLISH is slot-checked like a key by Redis Cluster).
         "PUBLISH", "SPUBLISH",
@@ -260,7 +261,8 @@ async def _run_everything(redis_url: str, keys: Keys, client: aioredis.Redis) ->
         host, port = runner.addresses[0][:2]
         config = ServerConfig(chunk_bytes=200, slow_delay_ms=100)  # about a second: several renewals
         async with fake_upstream(config) as (base, _state):
-            worker_settings = settings_for(base, redis_url, keys, lease_s=0.3)
+            worker_settings = settings_for(base, redis_url, keys, lease_s=0.3, compact_grace_s=0.0,
+                                           compact_sweep_s=0.05)
             async with running_worker(worker_settings, keys), aiohttp.ClientSession() as http:
                 body = {"provider": "anthropic", "model": "slow-simple_text_ping_and_padding",
                         "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}}
@@ -270,6 +272,10 @@ async def _run_everything(redis_url: str, keys: Keys, client: aioredis.Redis) ->
                     sid = (await resp.json())["stream_id"]
                 meta = await wait_done(client, keys, sid)
                 assert meta["status"] == "completed"
+                for _ in range(100):  # the compaction script, swept right after the terminal
+                    if await client.hget(keys.meta(sid), "compacted"):
+                        break
+                    await asyncio.sleep(0.05)
     finally:
         await runner.cleanup()
 

@@ -22,7 +22,8 @@ from schema.contract import (
     StreamStart,
     decode_event,
 )
-from schema.keys import EVENT_FIELD, Keys
+from schema.keys import Keys
+from schema.stored_entries import entry_jsons
 from tests.worker.support import fake_upstream, make_job, meta, running_worker, settings_for, stored_events, submit
 from tests.worker.support import wait_done as wait_stream_done
 from tests.worker.test_appender import _published
@@ -103,7 +104,7 @@ async def test_every_notification_carries_the_epoch(redis_client, keys: Keys) ->
                                                         [BlockStart(stream_id=SID, seq=2, ts=1_001, block=REF)]])
     notes = [parse_notification(payload) for payload in got]
     assert [(n.first_seq, n.last_seq, n.epoch) for n in notes if n] == [(1, 1, b"e1e1e1e1e1"), (2, 2, b"e1e1e1e1e1")]
-    assert got[0].startswith(b"1 1 e1e1e1e1e1\n")
+    assert got[0].startswith(b"1 1 e1e1e1e1e1 c\n")
 
 
 async def test_a_retry_after_stream_start_keeps_the_generation_and_a_new_job_gets_its_own(
@@ -123,5 +124,5 @@ async def test_a_retry_after_stream_start_keeps_the_generation_and_a_new_job_get
         assert starts[0].epoch == (await meta(redis_client, keys, job.stream_id))["epoch"]
         epochs.append(starts[0].epoch)
         raw = await redis_client.xrange(keys.events(job.stream_id))
-        assert decode_event(raw[0][1][EVENT_FIELD]) == starts[0]
+        assert decode_event(entry_jsons(job.stream_id, *raw[0])[0][1]) == starts[0]
     assert epochs[0] != epochs[1]

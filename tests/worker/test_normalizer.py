@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from schema.contract import BlockDelta, BlockStart, BlockStop, StreamDone, StreamError, StreamStart
@@ -224,3 +225,28 @@ def test_safe_message_masks_keys_and_cuts_length() -> None:
     assert "abcdefgh12345678" not in safe_message("sent Authorization: Bearer abcdefgh12345678 upstream")
     assert "abcdefgh12345678" not in safe_message("token bearer abcdefgh12345678")
     assert len(safe_message("x" * 5000)) == 500
+
+
+def test_terminals_name_the_endpoint_and_done_falls_back_to_the_upstream_model() -> None:
+    norm = make(endpoint="azure-east", upstream_model="gpt4o-prod")
+    norm.done(status="completed", finish_reason="stop", provider_finish_reason="stop", model=None)
+    done = norm.take()[-1]
+    assert isinstance(done, StreamDone)
+    assert (done.endpoint, done.model) == ("azure-east", "gpt4o-prod")
+    norm = make(endpoint="azure-east", upstream_model="gpt4o-prod")
+    norm.done(status="completed", finish_reason="stop", provider_finish_reason="stop", model="gpt-4o-2024-08-06")
+    assert norm.take()[-1].model == "gpt-4o-2024-08-06"  # type: ignore[union-attr]
+    norm = make(endpoint="openai")
+    norm.fail(category="rate_limited", message="slow down")
+    error = norm.take()[-1]
+    assert isinstance(error, StreamError)
+    assert error.endpoint == "openai"
+
+
+def test_terminals_leave_endpoint_out_without_one() -> None:
+    norm = make()
+    norm.done(status="completed", finish_reason="stop", provider_finish_reason="stop")
+    done = norm.take()[-1]
+    assert isinstance(done, StreamDone)
+    assert done.model is None
+    assert "endpoint" not in msgspec.to_builtins(done)

@@ -435,4 +435,6 @@ async def test_bedrock_converse_job_ends_invalid_request_without_calling_any_pro
     last = events[-1]
     assert isinstance(last, StreamError)
     assert (last.status, last.error.category, last.error.retryable) == ("failed", "invalid_request", False)
-    assert last.error.message == "no endpoint serves provider bedrock_converse yet: Bedrock needs an upstreams file"
+    assert last.error.message == ("no endpoint serves this job: no endpoint serves provider 'bedrock_converse' "
+                                  "without an upstreams file (FANOUT_UPSTREAMS_FILE); endpoints: openai, anthropic, "
+                                  "gemini; routes: none")

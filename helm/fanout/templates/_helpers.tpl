@@ -115,6 +115,19 @@ Role-specific settings live in the ConfigMap (envFrom), secrets come from secret
 {{- fail (printf "otel.%s: metrics.enabled sets it; drop one of the two" $name) }}
 {{- end }}
 {{- end }}
+{{- if hasKey .Values.config "FANOUT_UPSTREAMS_FILE" }}
+{{- fail "config.FANOUT_UPSTREAMS_FILE: set upstreams.file (the TOML text) instead" }}
+{{- end }}
+{{- range .Values.upstreams.secretEnv }}
+{{- if not (and .name .secretName .key) }}
+{{- fail "upstreams.secretEnv: each entry needs name, secretName and key" }}
+{{- end }}
+{{- end }}
+{{- range .Values.upstreams.secretFiles }}
+{{- if not (and .name .secretName (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" .name)) }}
+{{- fail "upstreams.secretFiles: each entry needs a name (lowercase letters, digits, '-') and a secretName" }}
+{{- end }}
+{{- end }}
 {{- if hasKey .Values.config "FANOUT_REDIS_CLUSTER" }}
 {{- fail "config.FANOUT_REDIS_CLUSTER: set redis.cluster instead" }}
 {{- end }}
@@ -155,5 +168,41 @@ affinity:
 {{- with .tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The upstreams file's volume mount and volume (both roles) and, with "secrets" true, the
+workers' secret-file mounts and volumes. Argument: (dict "root" $ "secrets" BOOL).
+*/}}
+{{- define "fanout.upstreamsMounts" -}}
+{{- $root := .root }}
+{{- if $root.Values.upstreams.file }}
+- name: upstreams
+  mountPath: {{ $root.Values.upstreams.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if .secrets }}
+{{- range $root.Values.upstreams.secretFiles }}
+- name: {{ printf "secret-%s" .name }}
+  mountPath: {{ printf "/etc/fanout/secrets/%s" .name }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fanout.upstreamsVolumes" -}}
+{{- $root := .root }}
+{{- if $root.Values.upstreams.file }}
+- name: upstreams
+  configMap:
+    name: {{ include "fanout.fullname" $root }}-upstreams
+{{- end }}
+{{- if .secrets }}
+{{- range $root.Values.upstreams.secretFiles }}
+- name: {{ printf "secret-%s" .name }}
+  secret:
+    secretName: {{ .secretName }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,118 @@
+"""``/agui`` checked by the real AG-UI client: an ``HttpAgent`` reads every golden transcript and a resumed stream.
+
+The publisher runs here on a real port and a real Redis; each golden transcript's events
+are stored as a worker stores them; ``tests/node/agui_stream.test.mjs`` (``node --test``)
+reads them with ``@ag-ui/client``'s ``HttpAgent`` (a GET, by overriding ``requestInit``),
+whose run checks every event with the package's ``verifyEvents`` and its schemas and
+assembles them with ``defaultApplyEvents``; the agent's messages, the tool calls it saw
+end and the run's outcome must equal what the reducer's assembled result says (the
+manifest's ``expected``). ``@ag-ui/core``/``@ag-ui/client`` are installed from npm at
+the versions pinned in ``tests/node`` (``npm ci``, lockfile); without ``node``/``npm``
+the test is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from schema.contract import Event, StreamStart
+from schema.reducer import ReasoningBlock, ToolCallBlock, reduce
+from tests.publisher.conftest import StartApp
+from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
+from tests.publisher.node_support import (
+    GOLDENS,
+    control_server,
+    golden_events,
+    node_or_skip,
+    run_suite,
+    store_stream,
+    unique_call_id,
+)
+
+
+@pytest.fixture(scope="module")
+def node_ready() -> str:
+    """Path of ``node`` once ``tests/node/node_modules`` holds the pinned packages; skip without Node."""
+    return node_or_skip()
+
+
+def _usage(events: list[Event], usage: Any, model: str | None) -> list[dict[str, Any]] | None:
+    if usage is None:
+        return None
+    counts = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
+              "cachedInputTokens": usage.cached_input_tokens, "reasoningTokens": usage.reasoning_tokens}
+    entry = {key: value for key, value in counts.items() if value is not None}
+    if not entry:
+        return None
+    if usage.input_tokens is not None and usage.output_tokens is not None:
+        entry["totalTokens"] = usage.input_tokens + usage.output_tokens
+    head = events[0]
+    assert isinstance(head, StreamStart)
+    return [{"provider": head.provider, "model": model or head.model, **entry}]
+
+
+def expected_view(events: list[Event]) -> dict[str, Any]:
+    """What an AG-UI client must hold after reading the stream, from the reducer's assembled result."""
+    result = reduce(events)
+    sid, messages, used = events[0].stream_id, [], set[str]()
+    assistant: dict[str, Any] | None = None
+    ended = []
+    for block in result.blocks:
+        message_id = f"{sid}:{block.index}"
+        if isinstance(block, ToolCallBlock):
+            if assistant is None:
+                assistant = {"id": message_id, "role": "assistant", "content": None, "toolCalls": [],
+                             "encryptedValue": None}
+                messages.append(assistant)
+            call = {"id": unique_call_id(block.call_id, block.index, used), "name": block.name,
+                    "arguments": block.arguments_text, "encryptedValue": block.signature}
+            assistant["toolCalls"].append(call)
+            ended.append(call["id"])
+            continue
+        role = "reasoning" if isinstance(block, ReasoningBlock) else "assistant"
+        message = {"id": message_id, "role": role, "content": block.text, "toolCalls": [],
+                   "encryptedValue": block.signature}
+        messages.append(message)
+        if role == "assistant":
+            assistant = message
+    completed = result.status == "completed"
+    code = None if completed else ("incomplete" if result.status == "incomplete" else result.error.category)
+    return {"messages": messages, "ended": ended if completed else [], "outcome": code or "finished",
+            "usage": _usage(events, result.usage, result.model)}
+
+
+async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
+    node_ready: str, start_app: StartApp, redis_client: Any, keys: Any, tmp_path: Path,
+) -> None:
+    server = await start_app()
+    streams = []
+    for path in GOLDENS:
+        stream_id = f"st_{uuid.uuid4().hex}"
+        events = golden_events(path, stream_id)
+        await store_stream(redis_client, keys, events)
+        streams.append({"name": f"{path.parent.name}/{path.name.removesuffix('.events.jsonl')}",
+                        "stream_id": stream_id, "token": token_for(stream_id), "expected": expected_view(events)})
+
+    sid = f"st_{uuid.uuid4().hex}"
+    first = [start(sid), block_start(sid, 2, 0), delta(sid, 3, 0, "Hello, "), delta(sid, 4, 0, "wor")]
+    rest = [delta(sid, 5, 0, "ld"), stop(sid, 6, 0), done(sid, 7)]
+    writer = StreamWriter(redis_client, keys, sid, epoch=b"e1")
+    await writer.meta()
+    await writer.append(*first)
+    control = await control_server(writer, rest)
+    resume = {"stream_id": sid, "token": token_for(sid), "continue_url": control[1],
+              "expected": expected_view(first + rest)}
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_bytes(msgspec.json.encode({"base_url": server.base_url, "streams": streams, "resume": resume}))
+    try:
+        text = await run_suite(node_ready, "agui_stream.test.mjs", {"FANOUT_AGUI_MANIFEST": str(manifest)})
+    finally:
+        await control[0].cleanup()
+    # every golden twice (read whole; cut and resumed), their two parent tests and four more
+    assert f"\u2139 pass {2 * len(GOLDENS) + 6}\n" in text, text[-3000:]
