@@ -96,6 +96,15 @@ def classify(exc: BaseException) -> RedisFault:
     return RedisFault("permanent", "", "client error")
 
 
+def refuses_the_url(exc: BaseException) -> bool:
+    """Return whether Redis answered but refused what the URL says: its user or password, or its database.
+
+    An authentication error (``WRONGPASS``, ``NOAUTH``) or ``DB index is out of range``:
+    starting Redis would not help, the URL must change (:func:`schema.cli.redis_refused`).
+    """
+    return isinstance(exc, _AUTH) or (isinstance(exc, rex.ResponseError) and "DB index" in str(exc))
+
+
 def fault_kind(exc: BaseException) -> FaultKind:
     """Return :attr:`RedisFault.kind` of :func:`classify` (``transient``, ``pressure``, ``permanent``)."""
     return classify(exc).kind

@@ -149,6 +149,22 @@ def check_redis_url(url: str, *, source: str = "REDIS_URL") -> None:
                            "redis://host:6379/0 (or rediss://, unix://)")
 
 
+def redis_refused(url: str, exc: BaseException, *, source: str = "REDIS_URL") -> CommandError:
+    """Return the error for a Redis that answered but refused the URL's user, password or database.
+
+    Starting Redis would not help, so the message says to fix ``source`` instead (exit 2:
+    a variable is wrong).
+
+    Args:
+        url: The Redis URL that was tried (its password is masked in the message).
+        exc: What redis-py raised (``invalid username-password pair``, ``DB index is out of range``).
+        source: Where the URL came from.
+    """
+    reason = str(exc).rstrip(".") or type(exc).__name__
+    return CommandError(f"Redis at {redact_url(url)} answered but refused it ({reason}): check the user, password "
+                        f"and database number in {source}", exit_status=EXIT_USAGE)
+
+
 def redis_unreachable(url: str, exc: BaseException, *, source: str = "REDIS_URL") -> CommandError:
     """Return the error for a Redis that did not answer, naming the URL and the fix.
 

@@ -27,7 +27,8 @@ the others live next to the only code that raises them and name their module.
     │   │   ├── SeqConflictError      * meta ``last_seq + 1`` is not the batch's first seq
     │   │   └── StreamClosedError     * the stream already has its terminal event
     │   ├── StorageRefusedError       * Redis refused a write for good: WRONGTYPE, foreign entry, long OOM (worker)
-    │   └── HistoryChangedError       publisher.history.store: the stream was written again mid-read
+    │   ├── HistoryChangedError       publisher.history.store: the stream was written again mid-read
+    │   └── PlanRefusedError          worker.compaction_plan: a finished stream cannot be compacted losslessly
     ├── SettingsError                 schema.settings: a missing or malformed variable; the process cannot start
     ├── CommandError                  fanout_client.errors: a user mistake, reported as one line and an exit status
     ├── SSEProtocolError              fanout_client.errors: the publisher's SSE body broke its framing or line limit
@@ -41,6 +42,8 @@ they stay outside :class:`FanoutError` (and carry no contract category)::
     Exception
     ├── Stopped                       worker.control: the job's Stopper fired (cancel, fenced, lost, shutdown)
     ├── RetryAttempt                  worker.attempt: an attempt failed retryably before any output was stored
+    ├── ReplayLost                    worker.reattach: a background response cannot be re-read: worker_lost
+    ├── ReplayDisagrees               worker.reattach: a re-read event differs from the stored one at its seq
     └── TailEndedError                publisher.api.durable_live: a live Durable Streams read ends (gap, reset, closed)
         └── _StopAfterError           publisher.api.durable_live: hand out these entries, then end the read
 

@@ -127,6 +127,9 @@ META_FIELDS: Final = {
     "error_category": "set only when storage refused the terminal event: the terminal's error category",
     "error_message": "set only when storage refused the terminal event: the terminal's error message",
     "compacted": "set once the finished stream's events were rewritten compacted (worker.compactor): its entry count",
+    "bg_id": "background mode only: the provider's response id, set by the append script with the batch",
+    "bg_cursor": "background mode only: the last provider sequence_number normalized into stored events",
+    "bg_endpoint": "background mode only: the upstreams-file endpoint that holds the response",
 }
 """Fields of the ``meta`` hash and what they hold."""
 

@@ -3,7 +3,7 @@
 See :mod:`tools.export` for the rows and the consumer-group protocol. NDJSON goes to
 ``--output FILE`` (appended; a line cut by a crash is removed before the rerun writes
 again) or ``-`` (stdout). Parquet (``--format parquet``, needs the ``parquet`` extra:
-``pip install 'fanout[parquet]'``) goes to a directory: each batch is one
+``pip install -e '.[parquet]'`` in a checkout) goes to a directory: each batch is one
 ``summaries/part-*.parquet`` and one ``events/part-*.parquet``, each renamed into place
 once complete. Exit status: 0 caught up (or stopped by SIGINT/SIGTERM with ``--follow``),
 1 Redis or the output failed (nothing acknowledged is lost; the message says whether a rerun
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Final
 
-from infra.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, connect
+from infra.redis_client import REDIS_ERRORS, RedisClient, RedisOptions, cluster_mode_mismatch, connect
 from schema import logs
 from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
@@ -165,7 +165,8 @@ def _open_sink(args: argparse.Namespace) -> NdjsonSink | ParquetSink:
     try:
         return ParquetSink(args.output) if args.format == "parquet" else NdjsonSink(args.output)
     except ImportError:
-        raise CommandError("--format parquet needs pyarrow: pip install 'fanout[parquet]'") from None
+        raise CommandError("--format parquet needs pyarrow, the parquet extra: pip install -e '.[parquet]' "
+                           "in the fanout checkout") from None
     except OSError as exc:
         raise CommandError(f"cannot open {args.output}: {exc.strerror}") from None
 
@@ -174,6 +175,11 @@ def _redis_failure(url: str, exc: Exception, *, cluster: bool) -> str:
     """Word a Redis failure of the export (nothing acknowledged is lost either way)."""
     if mismatch := cluster_mode_mismatch(exc, cluster):
         return f"cannot use Redis at {redact_url(url)}: {mismatch}; nothing acknowledged is lost"
+    from infra.redis_faults import refuses_the_url  # noqa: PLC0415 - only when wording a failure
+    from schema.cli import redis_refused  # noqa: PLC0415
+
+    if refuses_the_url(exc):  # a wrong password or database: running again cannot help
+        return f"{redis_refused(url, exc, source='REDIS_URL or --redis-url').message}; nothing acknowledged is lost"
     reason = str(exc).rstrip(". ")
     return f"Redis at {redact_url(url)} failed: {reason}; nothing acknowledged is lost, run again"
 
@@ -198,10 +204,30 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
             return 0
         await exporter.ensure_group()
         bar.total = await exporter.lag()
-        return await _until_stopped(exporter, follow=args.follow, stop=stop)
+        count = await _until_stopped(exporter, follow=args.follow, stop=stop)
+        if count == 0 and not args.follow:
+            await _explain_nothing(client, keys, args.group)
+        return count
     finally:
         bar.close()
         await client.aclose()
+
+
+async def _explain_nothing(client: RedisClient, keys: Keys, group: str) -> None:
+    """Say why a run exported nothing when ``P:done`` holds summaries: the group has delivered them all.
+
+    A consumer group's position is the export's checkpoint, so a second run with the same
+    ``--group`` starts where the first ended; without this line its ``0 streams exported``
+    reads like a failure (the README's second example).
+    """
+    finished = int(await client.xlen(keys.done))
+    if finished == 0:
+        sys.stderr.write(f"fanout export: no stream has finished yet under prefix {keys.prefix!r}\n")
+        return
+    sys.stderr.write(f"fanout export: consumer group {group!r} has already delivered all {finished} finished "
+                     f"streams in {keys.done} (its position is the checkpoint; new streams are exported as they "
+                     f"finish): to export them again use another group, e.g. --group {group}-2 (with --since "
+                     "to choose a window), or keep following with --follow\n")
 
 
 async def _until_stopped(exporter: Exporter, *, follow: bool, stop: asyncio.Event) -> int:

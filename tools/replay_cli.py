@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("path", help="response body file (e.g. transcripts/anthropic/simple_text.sse), or - for stdin")
     parser.add_argument("--provider", choices=KINDS, metavar="PROVIDER",
                         help=f"{', '.join(PROVIDERS)} (gemini: framing detected from the body; gemini_sse and "
-                             "gemini_json_array force it); default: the name of the file's directory")
+                             "gemini_json_array force it; bedrock_invoke: Anthropic events in Bedrock's binary "
+                             "event-stream); default: the name of the file's directory")
     parser.add_argument("--chunk-size", type=_positive, metavar="BYTES", dest="chunk_size",
                         help="feed the body in reads of this many bytes (default: one read)")
     parser.add_argument("--chunk", type=_positive, dest="chunk_size", help=argparse.SUPPRESS)
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     body = _read_body(args.path)
     kind = args.provider or (Path(args.path).parent.name if args.path != "-" else None)
     if kind not in KINDS:
-        raise CommandError(f"say which provider recorded the body: --provider {{{','.join(PROVIDERS)}}} "
+        raise CommandError(f"say which provider recorded the body: --provider {{{','.join(KINDS)}}} "
                            "(the file's directory names none)")
     provider, framing = resolve_kind(kind, body)
     sizes = [args.chunk_size] if args.chunk_size else None

@@ -38,6 +38,9 @@ local new_last = first + n - 1
 local status = ARGV[3]
 redis.call('HSET', KEYS[2], 'last_seq', new_last, 'batch', ARGV[9 + n])
 if first == 1 and epoch ~= '' then redis.call('HSET', KEYS[2], 'epoch', epoch) end
+if ARGV[12 + n] and ARGV[12 + n] ~= '' then
+  redis.call('HSET', KEYS[2], 'bg_id', ARGV[12 + n], 'bg_cursor', ARGV[13 + n], 'bg_endpoint', ARGV[14 + n])
+end
 if status ~= '' then
   redis.call('HSET', KEYS[2], 'state', 'done', 'status', status, 'ended_ms', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -50,6 +53,7 @@ local head = new_last .. ' ' .. first
 if epoch ~= '' then head = head .. ' ' .. epoch end
 local note = new_last
 if epoch ~= '' then note = head end
+if n == 0 then return {'ok', tostring(new_last)} end
 local live_max = tonumber(ARGV[7])
 if live_max > 0 and size <= live_max then
   local body = {}
@@ -70,7 +74,11 @@ tombstone_ttl_s, live_max_bytes, n, then the n events in their compact stored fo
 one per batch, kept in meta ``batch``: a retried call finds its own batch stored and
 answers ``landed``), then the live mode (``sharded``: ``SPUBLISH``, else ``PUBLISH``;
 :func:`infra.live_pubsub.live_mode`), then the writer's epoch ('' for a stream started
-before contract 1.1).
+before contract 1.1), then optionally (a background attempt, :mod:`worker.background`) the
+provider's response id, the last provider ``sequence_number`` normalized and the endpoint's
+name, stored in meta ``bg_id``, ``bg_cursor`` and ``bg_endpoint`` with the batch. A batch of
+no event (``n`` = 0, first seq = ``last_seq + 1``) stores only those fields, fenced and checked
+like any batch, and publishes nothing.
 
 Answers ``{code, detail}``: ``ok``/``landed`` with the new last seq; ``fenced`` (another
 token), ``closed`` (already ended), ``reset`` (meta holds another epoch, or none: the

@@ -23,13 +23,14 @@ from typing import Final
 import msgspec
 
 from schema.contract import BlockDelta, Event, decode_event, encode_event, is_terminal
+from schema.errors import InternalError
 from schema.stored import BLOCK_KINDS, DELTA_KINDS, RunForm, encode_stored, pack_run
 from schema.stored_entries import entry_jsons, value_jsons
 
 _encoder: Final = msgspec.msgpack.Encoder()
 
 
-class PlanRefusedError(ValueError):
+class PlanRefusedError(InternalError):
     """The stream's entries cannot be compacted losslessly; the message says why (user-safe, no content)."""
 
 

@@ -7,8 +7,9 @@ found                       does
 ==========================  ===============================================================
 stream done / tombstone     XACK, nothing else
 cancel flag set             ``stream.error`` ``cancelled`` (after ``stream.start`` if none), XACK
-``last_seq >= 2``           a previous owner died mid-output: ``stream.error`` ``worker_lost``
-                            (``interrupted``, retryable), then XACK
+meta ``bg_id``              a background response: re-attached (:mod:`worker.reattach`)
+``last_seq >= 2``           a previous owner died mid-output: ``stream.error``
+                            ``worker_lost`` (``interrupted``, retryable), then XACK
 invalid job                 ``stream.error`` ``invalid_request`` (after ``stream.start`` if none), XACK
 ``last_seq`` 0 or 1         run the upstream attempts (a stored ``stream.start`` is not repeated)
 ==========================  ===============================================================
@@ -51,10 +52,12 @@ from schema.job import Job
 from worker.adapters.base import Framing
 from worker.appender import FencedError, SeqConflictError, StreamClosedError, StreamWriter, new_epoch
 from worker.attempt import RetryAttempt
+from worker.background import cancel_background, cursor_pipeline, writer_fields
 from worker.control import Stopped, Stopper
 from worker.job_storage import JobContext, Outcome
 from worker.lease import Claim
 from worker.pipeline import Pipeline, build_pipeline
+from worker.reattach import reattach
 from worker.route_run import RouteRun, RouteTarget
 from worker.routing import OnFull
 from worker.targets import job_targets
@@ -169,6 +172,7 @@ class JobRun(RouteRun):
             if stopped.reason != "cancel":
                 log.info("event=job_stopped stream_id=%s reason=%s", self.job.stream_id, stopped.reason)
                 return False
+            await cancel_background(self)
             await self._write_error(FanoutError("the client cancelled the stream", category="cancelled"))
         return True
 
@@ -188,6 +192,8 @@ class JobRun(RouteRun):
             raise StorageRefusedError("claimed too often", reason=(
                 f"the stream was claimed {self.token} times without finishing (limit FANOUT_MAX_CLAIMS="
                 f"{self.settings.max_claims})"))
+        if claim.last_seq >= 1 and await reattach(self, claim.last_seq):
+            return
         if claim.last_seq >= 2:
             message = "the worker running this stream stopped mid-output"
             await self._write_error(FanoutError(message, category="worker_lost", retryable=True))
@@ -227,6 +233,8 @@ class JobRun(RouteRun):
             max_frame_bytes=self.settings.max_frame_bytes, epoch=self.writer.epoch,
             endpoint=endpoint, upstream_model=target.model if target and endpoint else None,
         )
+        if target and self.ctx.upstreams.endpoints[target.name].background:
+            self._pipeline = cursor_pipeline(self._pipeline, max_frame_bytes=self.settings.max_frame_bytes)
         return self._pipeline
 
     async def deliver(self, pipeline: Pipeline, events: list[Event], *, retry_after_s: float | None = None) -> None:
@@ -237,9 +245,10 @@ class JobRun(RouteRun):
                 ``stream.start`` is stored and the attempt emitted no delta.
         """
         assert self.writer is not None
+        self.writer.background = writer_fields(pipeline, self._target.name) if self._target else None
         last = events[-1] if events else None
         if (isinstance(last, StreamError) and last.error.retryable and self.writer.last_seq <= 1
                 and pipeline.adapter.norm.deltas_emitted == 0):
             raise RetryAttempt(events, last.error, retry_after_s)
-        await self._append(events)
+        await (self._append(events) if events else self.writer.note_background())
 

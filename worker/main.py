@@ -21,8 +21,9 @@ import sys
 import redis.exceptions
 
 from infra.redis_client import REDIS_ERRORS, RedisOptions, connect
+from infra.redis_faults import refuses_the_url
 from schema import logs
-from schema.cli import EXIT_USAGE, check_redis_url, redis_unreachable
+from schema.cli import EXIT_USAGE, check_redis_url, redis_refused, redis_unreachable
 from schema.keys import Keys
 from schema.settings import SettingsError
 from schema.upstreams import Upstreams
@@ -89,6 +90,8 @@ def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str, 
         sys.stderr.write(f"fanout worker: {exc}\n")
         return EXIT_USAGE
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        if refuses_the_url(exc):  # an AuthenticationError is a ConnectionError: Redis did answer
+            raise redis_refused(settings.redis_url, exc, source=source) from exc
         raise redis_unreachable(settings.redis_url, exc, source=source) from exc
     except (*REDIS_ERRORS, ValueError) as exc:
         sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "

@@ -20,7 +20,9 @@ bedrock     bedrock_converse    ``{url}/model/{m}/converse-stream``             
 Body edits (UPSTREAMS.md B.4, C.3): Vertex Claude drops ``model`` and adds
 ``anthropic_version: "vertex-2023-10-16"`` (``stream: true`` stays); Bedrock invoke drops
 ``model`` and ``stream`` and adds ``anthropic_version: "bedrock-2023-05-31"``; Converse drops
-``model`` and ``stream`` (the operation streams); Gemini's model is only in the path. A
+``model`` and ``stream`` (the operation streams); Gemini's model is only in the path; a
+``background`` endpoint's Responses body gets ``background: true`` and ``store: true``
+(UPSTREAMS.md E.1). A
 model in a path is percent-encoded (Bedrock keeps ``:`` as anthropic-sdk-python does, so
 an inference-profile ARN's ``/`` becomes ``%2F``). Sources: OpenAI and Anthropic API
 references; Gemini "Generate content"; Vertex AI ``publishers.models.streamGenerateContent``
@@ -92,7 +94,8 @@ def _native(endpoint: Endpoint, provider: str, model: str, request: dict[str, An
     if provider == "openai_chat":
         return root + "/chat/completions", _streaming_body(request, provider, model)
     if provider == "openai_responses":
-        return root + "/responses", _streaming_body(request, provider, model)
+        extra = {"background": True, "store": True} if endpoint.background else {}
+        return root + "/responses", {**_streaming_body(request, provider, model), **extra}
     if provider == "anthropic":
         return root + "/v1/messages", _streaming_body(request, provider, model)
     return f"{root}/v1beta/models/{quote(model, safe='')}:streamGenerateContent", _without(request, "model", "stream")

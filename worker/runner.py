@@ -15,8 +15,10 @@ Pub/Sub subscription stops cancelled jobs (:mod:`worker.cancel`). An entry whose
 cannot run is acked, after ending its stream ``failed`` when it names one
 (:mod:`worker.jobentry`).
 
-Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; let running
-streams finish for up to ``drain_s``; then stop the rest WITHOUT writing a terminal event
+Shutdown (SIGTERM, :meth:`Worker.run`'s ``stop`` event): take no new jobs; give background
+streams with stored content back at once (stopped and released as below, so a successor
+re-attaches, :mod:`worker.reattach`); let other running streams finish for up to ``drain_s``;
+then stop the rest WITHOUT writing a terminal event
 and release their pending entries (meta ``token`` check, then ``XCLAIM ... IDLE <lease>
 JUSTID`` on the jobs stream: :meth:`worker.lease.Leases.release`), so another worker
 reclaims them at once and either retries (only ``stream.start`` stored) or writes
@@ -42,6 +44,7 @@ from infra.storage import RetryPolicy
 from schema.keys import Keys
 from schema.upstreams import Upstreams
 from worker.appender import Appender
+from worker.background import drain_handing_over
 from worker.cancel import CancelListener
 from worker.compactor import Compactor
 from worker.intake import SHARD_REFRESH_S, Intake, JobEntry, consumer_name
@@ -275,7 +278,7 @@ class Worker:
         if not tasks:
             return
         log.info("event=drain_start running=%d drain_s=%.1f", len(tasks), self.settings.drain_s)
-        _done, pending = await asyncio.wait(tasks, timeout=self.settings.drain_s)
+        pending = await drain_handing_over(self.runs, tasks, self.settings.drain_s)
         if not pending:
             return
         log.warning("event=drain_expired stopping=%d action=leave_pending", len(pending))

@@ -59,6 +59,10 @@ class StreamWriter:
         """``ts`` of the first ``block.delta`` this writer stored."""
         self.terminal: StreamDone | StreamError | None = None
         """The terminal event once this writer stored it."""
+        self.background: tuple[str, str, str] | None = None
+        """A background attempt's ``(response id, cursor, endpoint)``, stored in meta with each batch."""
+        self.background_stored: str | None = None
+        """The response id meta holds (``bg_id``) as far as this writer stored it."""
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         """Waits between retries; the job sets one that stops when it is fenced or shut down."""
 
@@ -102,6 +106,7 @@ class StreamWriter:
         if not events:
             return self.last_seq
         keys, sid, argv = self._appender.keys, self.stream_id, self._argv(events, await self._appender.live())
+        argv += list(self.background or ())
 
         async def call() -> tuple[str, str]:
             reply = await self._appender.script(
@@ -112,8 +117,35 @@ class StreamWriter:
                                            on_retry=self._appender.on_retry,
                                         stream_id=sid)
         self._accept(events, code, detail)
+        self.background_stored = self.background[0] if self.background else self.background_stored
         await self._stored(events)
         return self.last_seq
+
+    async def note_background(self) -> None:
+        """Store :attr:`background` in meta now, with no event, when meta does not hold its response id yet.
+
+        One script call of no event (:mod:`worker.append_script`), fenced like an append, so a
+        successor re-attaches even before the first content is stored.
+
+        Raises:
+            As :meth:`append`.
+        """
+        if self.background is None or self.background[0] == self.background_stored or self.last_seq < 1:
+            return
+        mode = await self._appender.live()
+        keys, sid = self._appender.keys, self.stream_id
+        argv = [str(self.token), str(self.last_seq + 1), "", "", *self._appender.ttls, "0", secrets.token_hex(8),
+                mode, self.epoch, *self.background]
+
+        async def call() -> tuple[str, str]:
+            reply = await self._appender.script(
+                keys=[keys.events(sid), keys.meta(sid), keys.tomb(sid), keys.live(sid)], args=argv)
+            return _text(reply[0]), _text(reply[1])
+
+        code, detail = await with_retry(call, policy=self._appender.retry, sleep=self.sleep, what="append",
+                                        on_retry=self._appender.on_retry, stream_id=sid)
+        self._accept([], code, detail)
+        self.background_stored = self.background[0]
 
     def _accept(self, events: list[Event], code: str, detail: str) -> None:
         """Take the script's answer: ``ok``, or ``landed`` (a retry found this very batch stored)."""

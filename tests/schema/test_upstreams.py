@@ -158,6 +158,12 @@ MISTAKES = [
      "[endpoints.a] key 'region': required"),
     ('[endpoints.a]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\nframing = "json_array"\n',
      "[endpoints.a] key 'framing': only a Gemini endpoint"),
+    ('[endpoints.a]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\nbackground = true\n',
+     "[endpoints.a] key 'background': only an endpoint whose api is exactly \"openai_responses\""),
+    ('[endpoints.a]\napi = ["openai_chat", "openai_responses"]\nurl = "https://h/v1"\nauth = "none"\n'
+     'background = true\n', "[endpoints.a] key 'background': only an endpoint whose api"),
+    ('[endpoints.a]\napi = "openai_responses"\nurl = "https://h/v1"\nauth = "none"\nbackground = "yes"\n',
+     "[endpoints.a] key 'background': Expected `bool`"),
     ('[endpoints."a b"]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\n',
      '[endpoints."a b"]: an endpoint name is 1 to 64'),
     ('[endpoints.a]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\n[models."m"]\nendpoints = ["b"]\n',
@@ -187,6 +193,14 @@ def test_a_mistake_names_the_file_the_table_and_the_key(text: str, message: str)
 def test_an_endpoint_repr_holds_the_variable_name_not_a_secret() -> None:
     endpoint = Endpoint(name="a", api=["openai_chat"], url="https://h/v1", auth="bearer", secret_env="OPENAI_API_KEY")
     assert "OPENAI_API_KEY" in repr(endpoint)
+
+
+def test_background_is_off_by_default_and_on_for_a_responses_endpoint() -> None:
+    on = parse('[endpoints.a]\napi = "openai_responses"\nplatform = "azure"\nurl = "https://h/openai/v1"\n'
+               'auth = "api-key"\nsecret_env = "K"\nbackground = true\n')
+    off = parse('[endpoints.a]\napi = "openai_responses"\nurl = "https://h/v1"\nauth = "none"\n')
+    assert on.endpoints["a"].background is True
+    assert off.endpoints["a"].background is False
 
 
 def test_the_docs_example_parses() -> None:

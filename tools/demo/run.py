@@ -23,8 +23,9 @@ import time
 from typing import Final
 
 from infra.redis_client import REDIS_ERRORS, RedisOptions, connect, primary_clients
+from infra.redis_faults import refuses_the_url
 from schema import logs
-from schema.cli import CommandError, above, at_least, check_redis_url, redact_url, redis_unreachable
+from schema.cli import CommandError, above, at_least, check_redis_url, redact_url, redis_refused, redis_unreachable
 from schema.settings import SettingsError, redis_cluster_from_env
 from tools.demo.stack import LocalStack
 from tools.demo.streams import run_streams
@@ -74,11 +75,13 @@ REDIS_CHECK_TIMEOUT_S: Final = 5.0
 
 
 def check_redis(url: str) -> None:
-    """Refuse a ``REDIS_URL`` that is not a Redis URL (exit 2) or does not answer (exit 4), before the stack starts.
+    """Refuse a ``REDIS_URL`` that is wrong (exit 2) or does not answer (exit 4), before the stack starts.
+
+    Wrong: not a Redis URL, or a user, password or database that Redis refuses.
 
     Raises:
-        CommandError: The URL's scheme is wrong, or Redis did not answer within
-            :data:`REDIS_CHECK_TIMEOUT_S`.
+        CommandError: The URL's scheme is wrong, Redis refused what it says, or Redis did
+            not answer within :data:`REDIS_CHECK_TIMEOUT_S`.
     """
     check_redis_url(url)
     try:
@@ -99,6 +102,8 @@ def check_redis(url: str) -> None:
     try:
         asyncio.run(ping())
     except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
+        if refuses_the_url(exc):
+            raise redis_refused(url, exc) from exc
         if isinstance(exc, TimeoutError) and not str(exc):
             exc = TimeoutError(f"no answer within {REDIS_CHECK_TIMEOUT_S:g} s")
         error = redis_unreachable(url, exc)
@@ -175,6 +180,9 @@ def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: st
 def _demo_on(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
     """Run the demo streams on the started ``stack``; with ``--keep-running`` wait for Ctrl-C after."""
     sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+    stack.keep_logs = stack.keep_logs or args.keep_running
+    kept = "kept" if args.keep_running else "removed when the demo ends well, kept when not"
+    sys.stdout.write(f"processes (logs {kept}):\n{stack.where()}\n")
     if args.keep_running:
         sys.stdout.write(announcement(stack, url, source) + "\n")
         sys.stdout.flush()
