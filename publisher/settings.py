@@ -124,6 +124,14 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     status_assemblies: Positive = 4
     """Status assemblies reading stored events at once in this process (each holds at most one
     pooled Redis connection at a time); more wait for a turn."""
+    finished_max_age_s: Annotated[int, msgspec.Meta(ge=0)] = 86_400
+    """Longest ``Cache-Control: max-age`` of a response about a finished stream, seconds (its
+    events, snapshot, ``/ui`` and status are immutable then); the stream's remaining TTL when
+    shorter. 0: finished streams are answered ``no-store`` as running ones are (no ``ETag``)."""
+    ui_join_max_chars: Positive = 1024 * 1024
+    """``/ui`` joins the deltas it replays into one per block (a resumed ``useChat`` gets each
+    block's text in one delta); past this many characters held, what is held is sent as it
+    stands, so a replay holds at most about this much text beyond its page."""
     reader_budget_bytes: Positive = 8 * 1024 * 1024
     """Publisher memory one SSE reader may hold while its client takes no bytes (the history page
     being written, the page read ahead, queued live events, the socket's unsent buffer; an

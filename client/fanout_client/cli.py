@@ -40,6 +40,7 @@ from fanout_client.errors import (
 )
 from fanout_client.reducer import Assembler, result_to_builtins
 from fanout_client.refusals import DEFAULT_URL, Credential, Target, refusal, target_of
+from fanout_client.snapshot import StreamSnapshot, assembler_from
 from fanout_client.text_view import OUTPUT_FORMATS, RULE, OutputFormat, TextView, chosen_format
 
 ERROR_STATUSES: Final = ("failed", "interrupted", "cancelled")
@@ -171,10 +172,14 @@ async def _tail(target: Target, stream_id: str, token: str | None, last: str | N
                 fmt: OutputFormat = "auto") -> int:
     credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
+    snapshot = result_only and last is None  # only the state is printed: read a snapshot, not the history
     view = TextView() if chosen_format(fmt, tty=sys.stdout.isatty()) == "text" else None
     async with FanoutClient(target.url, api_key=target.api_key) as client:
         try:
-            async for event in client.events(stream_id, token=token, last_event_id=last):
+            async for event in client.events(stream_id, token=token, last_event_id=last, snapshot=snapshot):
+                if isinstance(event, StreamSnapshot):
+                    assembler = assembler_from(event)
+                    continue
                 assembler.apply(event)
                 if not result_only:
                     sys.stdout.write(view.render(event) if view else encode_event(event).decode() + "\n")

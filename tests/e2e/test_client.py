@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -156,6 +157,24 @@ def test_submit_follow_prints_every_event_then_tail_result_assembles(stack: Loca
     tail = _fanout(stack, "tail", submission["stream_id"], "--result")
     assert tail.returncode == 0, tail.stderr
     result = json.loads(tail.stdout)
+    assert {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden(directory, case)
+
+
+async def test_tail_result_reads_a_snapshot_not_the_history(stack: LocalStack) -> None:
+    provider, directory, case = CASE
+    done = _fanout(stack, "submit", "--provider", provider, "--model", case, "--request", "-", "--follow",
+                   stdin="{}")
+    stream_id = json.loads(done.stdout.splitlines()[0])["stream_id"]
+    async with CuttingProxy(stack.publisher_port, cut_after_events=0) as proxy:   # records requests only
+        env = {**os.environ, "FANOUT_URL": f"http://127.0.0.1:{proxy.port}", "FANOUT_API_KEY": stack.api_key}
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "fanout_cli", "tail", stream_id, "--result",
+                                                    env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
+    assert len(requests) == 1, requests
+    assert "snapshot=1" in requests[0]
+    result = json.loads(out)
     assert {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden(directory, case)
 
 

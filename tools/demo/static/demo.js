@@ -7,6 +7,9 @@
 // with Last-Event-ID. A stream written again as another generation (a stream.gap with reason
 // history-reset, or a 410 history-reset) is shown again from its start: never the old answer's
 // first half glued to the new one's second half.
+// A stream (re)loaded by link, or shown again after a reset, is read with ?snapshot=1: one
+// stream.snapshot message carries its assembled state (every block's text so far), then the events
+// after it follow; state.events counts the seqs held, whether applied one by one or by a snapshot.
 // Text, reasoning and refusals render as Markdown (marked), sanitized by DOMPurify; raw HTML from a
 // model is shown as text, never parsed. The DOM is rendered at most once per animation frame.
 
@@ -139,12 +142,34 @@ function apply(ev) {
   scheduleRender(index);
 }
 
+function applySnapshot(snap) {
+  blocks.clear(); $("blocks").replaceChildren();
+  const running = snap.result.status === "running";
+  for (const b of snap.result.blocks) {
+    const tool = b.kind === "tool_call";
+    const entry = { kind: b.kind, text: tool ? b.arguments_text : b.text, signature: b.signature ?? "", redacted: Boolean(b.redacted),
+                    open: running && !(tool && b.closed), name: b.name, callId: b.call_id };
+    if (tool && b.closed) { try { entry.parsed = entry.text.trim() ? JSON.parse(entry.text) : {}; } catch { entry.parsed = undefined; } }
+    if (!running && tool && !b.closed) entry.cut = true;
+    blocks.set(b.index, entry); state.dirty.add(b.index);
+  }
+  note(`seq ${snap.seq} stream.snapshot: ${snap.result.blocks.length} blocks, ${snap.result.status}`);
+  if (!running) {
+    const r = snap.result;
+    state.status = r.status; state.terminal = r.status; state.usage = r.usage ?? null;
+    state.finish = r.finish_reason ?? null; state.error = r.error ?? null;
+    source.close(); source = null;
+  }
+  scheduleRender();
+}
+
 function eventsUrl() {
   return `/v1/streams/${encodeURIComponent(state.streamId)}/events?token=${encodeURIComponent(state.token)}`;
 }
 
-function connect(resumeFrom) {
-  const url = resumeFrom === null ? eventsUrl() : `${eventsUrl()}&last_event_id=${encodeURIComponent(resumeFrom)}`;
+function connect(resumeFrom, snapshot = false) {
+  const url = resumeFrom === null ? `${eventsUrl()}${snapshot ? "&snapshot=1" : ""}`
+                                  : `${eventsUrl()}&last_event_id=${encodeURIComponent(resumeFrom)}`;
   const src = new EventSource(url);
   source = src;
   pendingResume = resumeFrom === null ? null : state.lastSeq;
@@ -165,6 +190,12 @@ function connect(resumeFrom) {
     apply(ev);
   };
   for (const type of EVENT_TYPES) src.addEventListener(type, onEvent);
+  src.addEventListener("stream.snapshot", (msg) => {   // the state up to its seq, replacing what is shown
+    if (src !== source) return;
+    const snap = JSON.parse(msg.data);
+    state.lastSeq = snap.seq; state.lastId = msg.lastEventId || String(snap.seq); state.events = snap.seq;
+    applySnapshot(snap);
+  });
   src.addEventListener("stream.gap", (msg) => {
     if (src !== source) return;
     src.close(); source = null;
@@ -223,7 +254,7 @@ function restart() {
   Object.assign(state, { status: "connecting", lastSeq: null, lastId: null, terminal: null, finish: null, error: null,
                          usage: null });
   note("history reset: the stream was written again as another generation; showing it from its start");
-  connect(null);
+  connect(null, true);
   scheduleRender();
 }
 
@@ -236,7 +267,7 @@ function drop() {
   reconnectTimer = setTimeout(() => { reconnectTimer = null; connect(held); }, DROP_RECONNECT_MS);
 }
 
-function follow(streamId, token, name) {
+function follow(streamId, token, name, snapshot = false) {
   if (source) source.close();
   source = null; clearTimeout(reconnectTimer);
   blocks.clear(); $("blocks").replaceChildren(); $("log").replaceChildren();
@@ -249,7 +280,7 @@ function follow(streamId, token, name) {
                                   + (new URLSearchParams(location.search).get("compare") === "1" ? "&compare=1" : ""));
   window.dispatchEvent(new CustomEvent("fanout:follow", { detail: { streamId, token } }));
   if (!token) { cannotFollow(...REFUSALS.unauthorized); return; }
-  connect(null);
+  connect(null, snapshot);
   scheduleRender();
 }
 
@@ -306,4 +337,4 @@ window.fanoutDemo = { state, blocks, text: () => [...blocks.keys()].sort((a, b) 
 
 loadCases();
 const params = new URLSearchParams(location.search);
-if (params.get("stream_id")) follow(params.get("stream_id"), params.get("token") ?? "", "");
+if (params.get("stream_id")) follow(params.get("stream_id"), params.get("token") ?? "", "", true);
