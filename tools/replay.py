@@ -28,6 +28,7 @@ TRANSCRIPT_DIRS: Final[dict[str, tuple[str, Framing]]] = {
 OFFLINE_DIRS: Final[dict[str, tuple[str, Framing]]] = {
     "bedrock_invoke": ("anthropic", "eventstream"),
     "bedrock_converse": ("bedrock_converse", "eventstream"),
+    "gemini_interactions": ("gemini_interactions", "sse"),
 }
 """Transcript directories replayed offline only: Bedrock bodies (``<case>.eventstream``,
 built from ``<case>.frames.jsonl`` by ``tests/eventstream_build.py``) whose worker route

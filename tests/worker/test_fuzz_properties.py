@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from schema.contract import BlockStop, Event, StreamDone, StreamError, decode_event, encode_event
 from schema.validate import validate
-from tools.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads
+from tools.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads, transcript_kind
 from worker.adapters.base import Framing
 from worker.pipeline import build_pipeline
 from worker.settings import load_worker_settings
@@ -62,7 +62,7 @@ BOUNDARY_ENDINGS = {("interrupted", "transport"), ("failed", "protocol")}
 
 
 def _kind(path: Path) -> tuple[str, Framing]:
-    return TRANSCRIPT_DIRS[path.parent.name]
+    return transcript_kind(path)
 
 
 def _replay(body: bytes, kind: tuple[str, Framing], sizes: list[int] | None = None) -> list[Event]:
