@@ -22,13 +22,13 @@ TRANSCRIPT_DIRS: Final[dict[str, tuple[str, Framing]]] = {
     "anthropic": ("anthropic", "sse"),
     "gemini_sse": ("gemini", "sse"),
     "gemini_json_array": ("gemini", "json_array"),
+    "gemini_interactions": ("gemini_interactions", "sse"),
 }
 """Transcript directory → (provider API, framing), for the APIs a worker serves."""
 
 OFFLINE_DIRS: Final[dict[str, tuple[str, Framing]]] = {
     "bedrock_invoke": ("anthropic", "eventstream"),
     "bedrock_converse": ("bedrock_converse", "eventstream"),
-    "gemini_interactions": ("gemini_interactions", "sse"),
 }
 """Transcript directories replayed offline only: Bedrock bodies (``<case>.eventstream``,
 built from ``<case>.frames.jsonl`` by ``tests/eventstream_build.py``) whose worker route

@@ -240,6 +240,7 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
     app.router.add_post("/v1/responses", _by_body_model("openai_responses"))
     app.router.add_post("/v1/messages", _by_body_model("anthropic"))
     app.router.add_post("/v1beta/models/{model:[^/:]+}:streamGenerateContent", _gemini)
+    app.router.add_post("/v1beta/interactions", _by_body_model("gemini_interactions"))
     fake_background.install(app, app[STATE].background)
     app.router.add_get("/_requests", _list_requests)
     app.router.add_delete("/_requests", _clear_requests)
