@@ -78,7 +78,7 @@ def transcripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(single_redis_url: str, transcripts: Path) -> Iterator[LocalStack]:
-    with LocalStack(single_redis_url, workers=2, delay_ms=120, chunk_bytes=48, slow_delay_ms=200,
+    with LocalStack(single_redis_url, workers=2, delay_ms=120, chunk_bytes=48, slow_delay_ms=200, slow_pacing="chunk",
                     env={"FANOUT_TRANSCRIPTS_DIR": str(transcripts)}) as running:
         yield running
 

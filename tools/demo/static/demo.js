@@ -19,6 +19,7 @@ const blocks = new Map();   // index -> {kind, text, signature, open, name, call
 const state = {
   streamId: null, token: null, status: "idle", lastSeq: null, lastId: null, events: 0, renders: 0, connections: 0,
   terminal: null, finish: null, error: null, usage: null, resumes: [], log: [], dirty: new Set(), scheduled: false,
+  reason: "",   // why the page cannot follow the stream (unknown stream, refused token, no token), shown by the status
 };
 let source = null;          // the EventSource in use; events of any other are ignored
 let pendingResume = null;   // seq held when the next connection opens as a resume
@@ -98,6 +99,7 @@ function render() {
   $("resumed").textContent = resets ? `${resumed}${resumed ? " · " : ""}history reset ${resets}×, shown from its start` : resumed;
   $("drop").disabled = !source || Boolean(state.terminal);
   $("outcome").textContent = outcome();
+  $("reason").textContent = state.reason; $("reason").hidden = !state.reason;
   const log = $("log");
   for (let i = log.children.length; i < state.log.length; i += 1) log.appendChild(document.createElement("li")).textContent = state.log[i];
 }
@@ -184,17 +186,34 @@ function connect(resumeFrom) {
 // EventSource gives up on any answer but a 200 event stream without saying which: ask the same URL
 // once more for its problem document, and say why (or start again on a history-reset).
 async function refused(url) {
-  let problem = null;
+  let problem = null, unreachable = false;
   try {
     const resp = await fetch(url.replace(/last_event_id=[^&]*/, `last_event_id=${encodeURIComponent(state.lastId ?? "")}`));
-    problem = resp.status === 200 ? null : await resp.json();
+    problem = resp.status === 200 ? null : await resp.json().catch(() => null);
     if (resp.status === 200) resp.body?.cancel();
-  } catch { problem = null; }
+  } catch { unreachable = true; }
   const kind = (problem?.type ?? "").split("/").pop();
   if (kind === "history-reset") { restart(); return; }
-  state.status = "closed";
+  if (unreachable) cannotFollow("unreachable", "The publisher does not answer: is the demo stack still running?");
+  else cannotFollow(...(REFUSALS[kind] ?? ["closed", problem ? `${problem.title}: ${problem.detail}`
+                                                               : "the publisher refused the connection and did not say why"]));
   note(problem ? `the publisher refused the connection: ${problem.title} (${problem.detail})`
                : "the publisher refused the connection (expired token or unknown stream?)");
+}
+
+// Why the page cannot follow a stream, by the problem type the publisher answered: a short status
+// and a sentence saying what to do. The same words appear in the status bar, not only in the log.
+const REFUSALS = {
+  "not-found": ["unknown stream", "This publisher has no such stream (a mistyped id, or it expired): check the stream_id in the address, or start a stream above."],
+  "invalid-token": ["token refused", "The read token in the address was refused (another publisher's, or damaged): open the stream with the token its submission answered, or start one above."],
+  "forbidden": ["token refused", "The read token in the address is for another stream: use the token this stream's submission answered."],
+  "token-expired": ["token expired", "The read token has expired: mint a new one (fanout token <stream id>) and put it in the address, or start a stream above."],
+  "unauthorized": ["no token", "The address has no read token: add &token=<the token the submission answered>, or start a stream above."],
+};
+
+function cannotFollow(status, reason) {
+  state.status = status; state.reason = reason;
+  scheduleRender();
 }
 
 // The stream was written again as another generation: what is shown is not its history any more.
@@ -222,11 +241,14 @@ function follow(streamId, token, name) {
   source = null; clearTimeout(reconnectTimer);
   blocks.clear(); $("blocks").replaceChildren(); $("log").replaceChildren();
   Object.assign(state, { streamId, token, status: "connecting", lastSeq: null, lastId: null, events: 0, connections: 0, terminal: null,
-                         finish: null, error: null, usage: null, resumes: [], log: [] });
+                         finish: null, error: null, usage: null, resumes: [], log: [], reason: "" });
   state.dirty.clear();
   $("stream").hidden = false;
   $("stream-name").textContent = `${name ? `${name} · ` : ""}${streamId}`;
-  history.replaceState(null, "", `?stream_id=${encodeURIComponent(streamId)}&token=${encodeURIComponent(token)}`);
+  history.replaceState(null, "", `?stream_id=${encodeURIComponent(streamId)}&token=${encodeURIComponent(token)}`
+                                  + (new URLSearchParams(location.search).get("compare") === "1" ? "&compare=1" : ""));
+  window.dispatchEvent(new CustomEvent("fanout:follow", { detail: { streamId, token } }));
+  if (!token) { cannotFollow(...REFUSALS.unauthorized); return; }
   connect(null);
   scheduleRender();
 }
@@ -284,4 +306,4 @@ window.fanoutDemo = { state, blocks, text: () => [...blocks.keys()].sort((a, b) 
 
 loadCases();
 const params = new URLSearchParams(location.search);
-if (params.get("stream_id") && params.get("token")) follow(params.get("stream_id"), params.get("token"), "");
+if (params.get("stream_id")) follow(params.get("stream_id"), params.get("token") ?? "", "");
