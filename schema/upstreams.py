@@ -85,10 +85,11 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     progress_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     """This endpoint's progress timeout (no contract event), seconds (absent: ``FANOUT_PROGRESS_TIMEOUT_S``)."""
     background: bool = False
-    """OpenAI Responses only (Azure's included): send ``background: true`` and ``store: true``, so the
-    provider keeps generating when the worker dies and a successor re-attaches to the same response
-    (:mod:`worker.reattach`). Trade-offs: the provider keeps the response for about 10 minutes (no
-    zero-data-retention), the first token comes later, and cancelling needs the provider's cancel call."""
+    """OpenAI Responses (Azure's included) or Gemini Interactions only: send ``background: true`` and
+    ``store: true``, so the provider keeps generating when the worker dies and a successor re-attaches
+    to the same response (:mod:`worker.reattach`). Trade-offs: the provider keeps the response for
+    about 10 minutes (Gemini: retention unconfirmed; no zero-data-retention), the first token comes
+    later, and cancelling needs the provider's cancel call."""
 
     @property
     def apis(self) -> tuple[Provider, ...]:
