@@ -10,7 +10,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md fanout_cli.py ./
+COPY pyproject.toml README.md fanout_cli.py openapi.json ./
 COPY schema ./schema
 COPY infra ./infra
 COPY worker ./worker

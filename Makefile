@@ -1,10 +1,13 @@
 # The two commands: `make demo` (the main job) and `make test` (the whole suite).
-# Each creates .venv and installs what it needs on a fresh machine (Python 3.11+, make).
+# Each creates .venv and installs what it needs on a fresh machine (Python 3.11+, make):
+# `make demo` only the service and the demo extra (.installed-demo), `make test` and the
+# other targets the whole toolchain as well (.installed; it satisfies the demo too).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test install lint typecheck docs schema helm-template image-check clean
 
@@ -13,11 +16,20 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,otel,fast,docs]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's own install: the service and the `demo` extra, no test or docs toolchain.
+# A full install (above) already covers it.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "fanout needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/fanout demo $(ARGS)
 
 lint: install

@@ -2,7 +2,8 @@
 
 ``replay`` (offline normalization of a recorded body), ``worker``, ``publisher``,
 ``upstream`` (a local server replaying transcripts as a provider would), ``submit``,
-``tail``, ``demo``, ``health`` and ``upstreams``. Each subcommand's module is imported only when it runs.
+``tail``, ``status``, ``cancel``, ``token``, ``demo``, ``health`` and ``upstreams``. Each
+subcommand's module is imported only when it runs.
 
 No user mistake prints a traceback: :func:`main` turns :class:`schema.cli.CommandError`
 and the foreign errors a user can cause (a file that cannot be read, a port in use, an
@@ -45,6 +46,12 @@ EXIT_STATUSES: dict[str, dict[int, str]] = {
     "tail": {0: "the stream ended completed or incomplete", 1: "the publisher refused the call", 2: BAD_INPUT,
              3: "the stream ended in stream.error (failed, interrupted, cancelled)",
              4: "the publisher does not answer at FANOUT_URL (or --url)"},
+    "status": {0: "printed the stream's status", 1: "the publisher refused the call", 2: BAD_INPUT,
+               4: "the publisher does not answer at FANOUT_URL (or --url)"},
+    "cancel": {0: "the stream is being cancelled", 1: "the publisher refused the call, or the stream already ended",
+               2: BAD_INPUT, 4: "the publisher does not answer at FANOUT_URL (or --url)"},
+    "token": {0: "printed a fresh read token", 1: "the publisher refused the call", 2: BAD_INPUT,
+              4: "the publisher does not answer at FANOUT_URL (or --url)"},
     "demo": {0: "every stream matched its golden result", 1: "a stream did not match, or the demo timed out",
              2: BAD_INPUT, 4: "Redis does not answer at REDIS_URL (unset it for an embedded one)"},
     "export": {0: "caught up (with --follow: stopped by SIGTERM or SIGINT)",
@@ -63,6 +70,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upstream": ("tools.upstream", "serve transcripts/ as a fake provider for demos and tests"),
     "submit": ("fanout_client.cli", "submit a job over HTTP and optionally follow its stream"),
     "tail": ("fanout_client.cli", "follow a stream over SSE with automatic resume"),
+    "status": ("fanout_client.cli_manage", "print a stream's state and its assembled result so far"),
+    "cancel": ("fanout_client.cli_manage", "cancel a running stream (API key)"),
+    "token": ("fanout_client.cli_manage", "mint a fresh read token for a stream (API key)"),
     "demo": ("tools.demo.run", "run the whole stack locally on recorded transcripts"),
     "export": ("tools.export_cli", "write finished streams (summaries and events) to NDJSON or Parquet, resumably"),
     "health": ("tools.health",

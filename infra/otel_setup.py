@@ -21,7 +21,8 @@ headers, timeouts, the export interval, the sampler and the resource
 ``prometheus`` is a pull reader: it serves ``/metrics`` on ``OTEL_EXPORTER_PROMETHEUS_HOST``
 (default ``localhost``) : ``OTEL_EXPORTER_PROMETHEUS_PORT`` (default ``9464``).
 ``OTEL_SDK_DISABLED=true`` turns everything off. An exporter that is not installed, or
-fails to start (a port in use), is one warning line and that exporter is skipped.
+fails to start (a port in use: each process needs its own ``OTEL_EXPORTER_PROMETHEUS_PORT``,
+as ``fanout demo`` gives its workers and publisher), is one warning line and that exporter is skipped.
 
 No global provider is set: each process hands its providers to its ``Telemetry``.
 
@@ -31,7 +32,9 @@ configuration, exporter selection, Prometheus exporter).
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final, Literal
@@ -206,9 +209,18 @@ def _build(environ: Mapping[str, str], signal: Signal) -> list[Any]:
         except ImportError:
             _missing(signal, name)
         except Exception as exc:  # an exporter that cannot start (port in use, bad endpoint)
-            log.warning("event=otel_exporter_failed signal=%s asked=%s error=%r action=disabled", signal, name,
-                        str(exc))
+            log.warning("event=otel_exporter_failed signal=%s asked=%s error=%r action=disabled%s", signal, name,
+                        str(exc), _failure_hint(name, exc))
     return built
+
+
+def _failure_hint(name: str, exc: Exception) -> str:
+    """Return a `` hint=...`` for a Prometheus port in use (each process needs its own), else nothing."""
+    if name != "prometheus" or not isinstance(exc, OSError) or exc.errno != errno.EADDRINUSE:
+        return ""
+    port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
+    return (f" hint='port {port} is taken, often by another fanout process on this machine: give each process "
+            "its own OTEL_EXPORTER_PROMETHEUS_PORT'")
 
 
 def _entry_point(signal: Signal, name: str) -> EntryPoint | None:

@@ -85,6 +85,25 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_status_reads_per_address: Positive = 8
     """Requests without a credential that read Redis for their answer (``GET /readyz``) in flight
     per client address, answered as past ``max_status_reads_per_token``."""
+    status_read_rate_per_token: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    """Status requests (``GET /v1/streams/{id}``) per second per read token, sustained: a token
+    bucket of ``status_read_burst_per_token`` requests refilled at this rate; one more is answered
+    429 ``too-many-requests`` with a ``Retry-After`` of the seconds until the bucket holds one
+    again (rounded up). Bounds the bytes of results one token makes the publisher write (at most
+    about this rate times the result's size), which ``max_status_reads_per_token`` does not: two
+    requests in flight, asked again at once, pulled 750 MB/s of a 2 MB result. 0 disables."""
+    status_read_burst_per_token: Positive = 10
+    """Status requests a read token may make at once before ``status_read_rate_per_token`` paces
+    it (the size of its bucket)."""
+    status_read_rate_per_key: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Status requests per second per API key, as ``status_read_rate_per_token``. 0 (the default)
+    disables it: an API key is a backend's credential, which may poll many streams."""
+    status_read_burst_per_key: Positive = 100
+    """Status requests an API key may make at once before ``status_read_rate_per_key`` paces it."""
+    status_read_buckets: Positive = 100_000
+    """Status-read buckets kept per kind of credential (read tokens, API keys), about 150 bytes
+    each. A bucket that has refilled is dropped when seen; past this many the least recently used
+    is dropped (its credential may then make one more burst)."""
     share_retry_after_s: Positive = 30
     """Reconnection delay hinted to a request refused for its credential's (or address's) limit,
     seconds: ``Retry-After`` of the 429, and the ``retry:`` of the ``/events`` busy answer
@@ -114,6 +133,14 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     status_assemblies: Positive = 4
     """Status assemblies reading stored events at once in this process (each holds at most one
     pooled Redis connection at a time); more wait for a turn."""
+    finished_max_age_s: Annotated[int, msgspec.Meta(ge=0)] = 86_400
+    """Longest ``Cache-Control: max-age`` of a response about a finished stream, seconds (its
+    events, snapshot, ``/ui`` and status are immutable then); the stream's remaining TTL when
+    shorter. 0: finished streams are answered ``no-store`` as running ones are (no ``ETag``)."""
+    ui_join_max_chars: Positive = 1024 * 1024
+    """``/ui`` joins the deltas it replays into one per block (a resumed ``useChat`` gets each
+    block's text in one delta); past this many characters held, what is held is sent as it
+    stands, so a replay holds at most about this much text beyond its page."""
     reader_budget_bytes: Positive = 8 * 1024 * 1024
     """Publisher memory one SSE reader may hold while its client takes no bytes (the history page
     being written, the page read ahead, queued live events, the socket's unsent buffer; an

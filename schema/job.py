@@ -32,7 +32,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     """Model name as requested."""
     request: dict[str, Any]
-    """The provider-native request body, without ``stream`` or ``model`` needed."""
+    """The provider-native request body, ``stream`` and ``model`` left out (the worker sets them; the publisher
+    refuses a ``request.model`` other than :attr:`model` and a ``request.stream`` other than ``true``)."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     """Opaque caller metadata, copied onto ``stream.start``."""
     created_ms: int = 0

@@ -14,22 +14,28 @@ import msgspec
 from schema.contract import CONTRACT_MINOR, CONTRACT_VERSION, Event
 from schema.job import Job
 from schema.reducer import AssembledResult
+from schema.snapshot import StreamSnapshot
 
 SCHEMA_PATH: Final = Path(__file__).with_name("contract.schema.json")
 """Where the committed schema lives."""
 
 
 def build_schema() -> dict[str, Any]:
-    """Return the JSON Schema (2020-12) for events, the assembled result and the job."""
-    (event, result, job), components = msgspec.json.schema_components(
-        (Event, AssembledResult, Job), ref_template="#/$defs/{name}"
+    """Return the JSON Schema (2020-12) for SSE data, stored events, the assembled result and the job.
+
+    The root is what one SSE ``data:`` line of ``/events`` holds: a stored event or a
+    ``stream.snapshot`` (contract 1.1); ``$defs.Event`` is a stored event alone.
+    """
+    (sse, event, result, job), components = msgspec.json.schema_components(
+        (Event | StreamSnapshot, Event, AssembledResult, Job), ref_template="#/$defs/{name}"
     )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://fanout.dev/schema/contract.v{CONTRACT_VERSION}.json",
         "title": f"fanout event contract v{CONTRACT_VERSION}.{CONTRACT_MINOR}",
-        "description": "One event of a fanout stream; see $defs for the assembled result and job.",
-        **event,
+        "description": "One SSE data object of a fanout stream: a stored event or a stream.snapshot; "
+                       "see $defs for a stored event alone (Event), the assembled result and the job.",
+        **sse,
         "$defs": {**components, "Event": event, "AssembledResultRoot": result, "JobRoot": job},
     }
 

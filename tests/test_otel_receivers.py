@@ -28,7 +28,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
 from publisher.telemetry import ATTRIBUTE_VALUES as PUBLISHER_VALUES
-from tools.demo.stack import LocalStack, free_port, wait_for_port
+from tools.demo.stack import LocalStack, wait_for_port
 from worker.telemetry import ATTRIBUTE_VALUES as WORKER_VALUES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +40,9 @@ RETRY_ONCE = {"FANOUT_MAX_RETRIES": "1", "FANOUT_BACKOFF_BASE_S": "0.01", "FANOU
               "FANOUT_RETRY_AFTER_MAX_S": "0.02"}
 
 
-class Stack(LocalStack):
-    """A :class:`LocalStack` whose processes may each get extra environment (their own ports)."""
-
-    def __init__(self, redis_url: str, *, env: dict[str, str], per_process: dict[str, dict[str, str]]) -> None:
-        super().__init__(redis_url, workers=1, delay_ms=5, chunk_bytes=64, env=env)
-        self.per_process = per_process
-
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Any:
-        return super()._spawn(name, cmd, {**env, **self.per_process.get(name, {})})
+def Stack(redis_url: str, *, env: dict[str, str]) -> LocalStack:  # noqa: N802 - reads as the class it builds
+    """A one-worker :class:`LocalStack`; with Prometheus asked, it gives each process its own port."""
+    return LocalStack(redis_url, workers=1, delay_ms=5, chunk_bytes=64, env=env)
 
 
 class Receiver:
@@ -159,7 +153,7 @@ async def _otlp_run(redis_url: str) -> tuple[Receiver, str]:
            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{host}:{port}",
            "OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_BLRP_SCHEDULE_DELAY": "100",
            "FANOUT_METRICS_POLL_S": "0.2", **RETRY_ONCE}
-    stack = Stack(redis_url, env=env, per_process={})
+    stack = Stack(redis_url, env=env)
     await asyncio.to_thread(stack.__enter__)
     try:
         stream_id = await _one_stream(stack)
@@ -282,11 +276,10 @@ async def _scrape(url: str) -> str:
 
 
 async def _prometheus_run(redis_url: str) -> dict[str, str]:
-    ports = {"worker-1": free_port(), "publisher": free_port()}
     env = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
            "FANOUT_METRICS_POLL_S": "0.2", **RETRY_ONCE}
-    per_process = {name: {"OTEL_EXPORTER_PROMETHEUS_PORT": str(port)} for name, port in ports.items()}
-    stack = Stack(redis_url, env=env, per_process=per_process)
+    stack = Stack(redis_url, env=env)
+    ports = stack.metrics_ports  # its own port for each process (tools.demo.stack.metrics_ports)
     await asyncio.to_thread(stack.__enter__)
     texts: dict[str, str] = {}
     try:
@@ -439,4 +432,6 @@ def test_prometheus_port_in_use_is_one_warning_not_a_crash(busy_port: int, monke
     monkeypatch.setenv("OTEL_EXPORTER_PROMETHEUS_PORT", str(busy_port))
     providers = providers_from_env({"OTEL_METRICS_EXPORTER": "prometheus"}, service_name="t")
     assert providers.meter_provider is None
-    assert any("otel_exporter_failed" in record.getMessage() for record in caplog.records)
+    (message,) = [r.getMessage() for r in caplog.records if "otel_exporter_failed" in r.getMessage()]
+    assert f"port {busy_port} is taken" in message
+    assert "its own OTEL_EXPORTER_PROMETHEUS_PORT" in message

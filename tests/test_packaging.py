@@ -35,9 +35,13 @@ def test_wheel_holds_packages_cli_schema_and_demo_page(wheel: zipfile.ZipFile) -
     names = set(wheel.namelist())
     for required in ("fanout_cli.py", "schema/contract.py", "schema/contract.schema.json", "fanout_client/contract.py",
                      "worker/normalizer.py", "worker/adapters/anthropic.py", "publisher/app.py",
-                     "tools/demo/static/demo.html"):
+                     "tools/demo/static/demo.html", "publisher/api/openapi.json"):
         assert required in names, required
     assert not any(name.startswith("tests/") for name in names)
+
+
+def test_wheel_serves_the_repository_openapi_json(wheel: zipfile.ZipFile) -> None:
+    assert wheel.read("publisher/api/openapi.json") == (ROOT / "openapi.json").read_bytes()
 
 
 def test_wheel_holds_every_demo_asset_and_the_vendored_licenses(wheel: zipfile.ZipFile) -> None:

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {"asyncio", "aiohttp", "redis", "opentelemetry", "socket", "subprocess", "infra"}
 PURE = [
     *sorted((ROOT / "schema").glob("*.py")),
-    *(ROOT / "client" / "fanout_client" / f"{name}.py" for name in ("contract", "reducer", "errors", "sse")),
+    *(ROOT / "client" / "fanout_client" / f"{name}.py"
+      for name in ("contract", "reducer", "errors", "sse", "text_view")),
     ROOT / "worker" / "frames.py",
     ROOT / "worker" / "sse.py",
     ROOT / "worker" / "sse_lines.py",

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Final
 
-from infra.redis_client import REDIS_ERRORS, RedisOptions, cluster_mode_mismatch, connect
+from infra.redis_client import REDIS_ERRORS, RedisClient, RedisOptions, cluster_mode_mismatch, connect
 from schema import logs
 from schema.cli import DEFAULT_REDIS_URL, CommandError, check_redis_url, redact_url
 from schema.keys import Keys
@@ -204,10 +204,30 @@ async def _export(url: str, keys: Keys, sink: NdjsonSink | ParquetSink, args: ar
             return 0
         await exporter.ensure_group()
         bar.total = await exporter.lag()
-        return await _until_stopped(exporter, follow=args.follow, stop=stop)
+        count = await _until_stopped(exporter, follow=args.follow, stop=stop)
+        if count == 0 and not args.follow:
+            await _explain_nothing(client, keys, args.group)
+        return count
     finally:
         bar.close()
         await client.aclose()
+
+
+async def _explain_nothing(client: RedisClient, keys: Keys, group: str) -> None:
+    """Say why a run exported nothing when ``P:done`` holds summaries: the group has delivered them all.
+
+    A consumer group's position is the export's checkpoint, so a second run with the same
+    ``--group`` starts where the first ended; without this line its ``0 streams exported``
+    reads like a failure (the README's second example).
+    """
+    finished = int(await client.xlen(keys.done))
+    if finished == 0:
+        sys.stderr.write(f"fanout export: no stream has finished yet under prefix {keys.prefix!r}\n")
+        return
+    sys.stderr.write(f"fanout export: consumer group {group!r} has already delivered all {finished} finished "
+                     f"streams in {keys.done} (its position is the checkpoint; new streams are exported as they "
+                     f"finish): to export them again use another group, e.g. --group {group}-2 (with --since "
+                     "to choose a window), or keep following with --follow\n")
 
 
 async def _until_stopped(exporter: Exporter, *, follow: bool, stop: asyncio.Event) -> int:

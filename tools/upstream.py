@@ -2,7 +2,7 @@
 
 It answers the providers' real paths (``POST /v1/chat/completions``, ``POST /v1/responses``,
 ``POST /v1/messages``, ``POST /v1beta/models/{model}:streamGenerateContent`` with or without
-``alt=sse``) by streaming ``<root>/<dir>/<model>.sse`` in ``chunk_bytes`` pieces,
+``alt=sse``, ``POST /v1beta/interactions``) by streaming ``<root>/<dir>/<model>.sse`` in ``chunk_bytes`` pieces,
 ``delay_ms`` apart. ``<dir>`` is the provider's transcript directory
 (:data:`tools.replay.TRANSCRIPT_DIRS`; Gemini: ``gemini_sse`` with ``alt=sse``, else
 ``gemini_json_array``); roots are ``--transcripts`` then ``transcripts/`` and
@@ -12,7 +12,9 @@ It answers the providers' real paths (``POST /v1/chat/completions``, ``POST /v1/
 model                  answer
 =====================  ===========================================================================
 ``<case>``             the transcript, chunked
-``slow-<case>``        the transcript, ``slow_delay_ms`` between chunks
+``slow-<case>``        the transcript one provider event at a time (an SSE event, a JSON array
+                       element: :func:`tools.pacing.provider_events`), ``slow_delay_ms`` apart
+                       (``--slow-pacing chunk``, and :class:`ServerConfig`'s default: one chunk at a time)
 ``fail<N>-<case>``     the first N requests for this model: 503 (``Retry-After: 0``), then the case
 ``status-<code>``      that HTTP status with the provider's error body (``Retry-After: 1`` on 429/503)
 ``context-too-long``   400 with the provider's "prompt too long" error body
@@ -78,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--chunk-bytes", type=at_least(int, 1), default=64, help="bytes per written chunk (>= 1)")
     parser.add_argument("--delay-ms", type=at_least(int, 0), default=10, help="pause between chunks (ms, >= 0)")
     parser.add_argument("--slow-delay-ms", type=at_least(int, 0), default=1000,
-                        help="pause between chunks of slow-<case> (ms, >= 0)")
+                        help="pause between provider events of slow-<case> (ms, >= 0)")
+    parser.add_argument("--slow-pacing", choices=("event", "chunk"), default="event",
+                        help="what slow-<case> sends between pauses: one provider event, or one --chunk-bytes chunk")
 
 
 def transcript_roots(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, ...]:
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     """
     logs.configure_from_env(os.environ)
     config = ServerConfig(roots=transcript_roots(args, os.environ), chunk_bytes=args.chunk_bytes,
-                          delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms)
+                          delay_ms=args.delay_ms, slow_delay_ms=args.slow_delay_ms, slow_pacing=args.slow_pacing)
     asyncio.run(_serve(make_app(config), args.host, args.port))
     return 0
 

@@ -2,9 +2,10 @@
 
 :func:`make_app` builds the aiohttp application that ``fanout upstream`` (:mod:`tools.upstream`,
 whose docstring tables the special models) serves: each request is recorded, then answered
-by the model it names (a case streamed in chunks, slowly, after N failures, gzip-compressed,
-an error status, a hang, keep-alives only, or garbage); a ``/v1/responses`` body with
-``"background": true`` gets OpenAI's background mode (:mod:`tools.fake_background`). What the answers hold comes from
+by the model it names (a case streamed in chunks, slowly: per provider event or chunk, after N
+failures, gzip-compressed, an error status, a hang, keep-alives only, or garbage); a
+``/v1/responses`` body with ``"background": true`` gets OpenAI's background mode
+(:mod:`tools.fake_background`). What the answers hold comes from
 :mod:`tools.upstream_bodies`. Never for production: it checks no credential.
 """
 
@@ -17,12 +18,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 from aiohttp import web
 
-from tools import fake_background
+from tools import fake_background, fake_interactions
+from tools.pacing import provider_events
 from tools.upstream_bodies import (
     CONTEXT_MESSAGES,
     DEFAULT_ROOTS,
@@ -47,7 +49,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 10
     """Pause between chunks."""
     slow_delay_ms: int = 1000
-    """Pause between chunks for ``slow-<case>`` models."""
+    """Pause between provider events (or chunks, see :attr:`slow_pacing`) for ``slow-<case>`` models."""
+    slow_pacing: Literal["event", "chunk"] = "chunk"
+    """What ``slow-<case>`` sends between pauses: one ``chunk_bytes`` chunk (the default here, which
+    tests tune their timings with), or one provider event (``fanout upstream``'s default)."""
     ping_interval_ms: int = 50
     """Pause between keep-alives for the ``pings`` model."""
 
@@ -72,6 +77,9 @@ class ServerState:
 
 STATE: Final = web.AppKey("state", ServerState)
 
+
+BACKGROUND_CREATE: Final = {"openai_responses": fake_background.create, "gemini_interactions": fake_interactions.create}
+"""Transcript directory → its background-mode ``create`` (a body with ``"background": true``)."""
 
 def _error(provider_dir: str, status: int, message: str, *, code: str | None = None) -> web.Response:
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
@@ -101,12 +109,13 @@ async def _answer(request: web.Request, provider_dir: str, model: str) -> web.St
             response.headers["Retry-After"] = "0"
             return response
         case = failing.group(2)
+    per_event = case.startswith("slow-") and state.config.slow_pacing == "event"
     if case.startswith("slow-"):
         delay_ms, case = state.config.slow_delay_ms, case[5:]
     path = find_case(state.config.roots, provider_dir, case)
     if path is None:
         return _error(provider_dir, 404, not_found_message(provider_dir, model), code="model_not_found")
-    return await _stream(request, provider_dir, path.read_bytes(), delay_ms)
+    return await _stream(request, provider_dir, path.read_bytes(), delay_ms, per_event=per_event)
 
 
 async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.StreamResponse:
@@ -125,24 +134,27 @@ async def _gzipped(request: web.Request, provider_dir: str, case: str) -> web.St
 
 
 async def _stream(request: web.Request, provider_dir: str, body: bytes, delay_ms: int,
-                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+                  headers: dict[str, str] | None = None, *, per_event: bool = False) -> web.StreamResponse:
+    """Write ``body`` in pieces ``delay_ms`` apart: ``chunk_bytes`` chunks, or provider events when ``per_event``."""
     state = request.app[STATE]
     response = web.StreamResponse(headers={"Content-Type": content_type(provider_dir), "Cache-Control": "no-cache",
                                            **(headers or {})})
     await response.prepare(request)
     size = max(1, state.config.chunk_bytes)
+    pieces = (provider_events(body, json_array=provider_dir == "gemini_json_array") if per_event
+              else [body[start:start + size] for start in range(0, len(body), size)])
     outcome = "complete"
     state.open_now += 1
     state.open_max = max(state.open_max, state.open_now)
     try:
-        for start in range(0, len(body), size):
-            if start and not await _pause(state, delay_ms):
+        for number, piece in enumerate(pieces):
+            if number and not await _pause(state, delay_ms):
                 outcome = "stopped"
                 break
             if _client_left(request):
                 outcome = "client_left"
                 break
-            await response.write(body[start:start + size])
+            await response.write(piece)
         else:
             await response.write_eof()
     except (ConnectionError, RuntimeError):
@@ -190,9 +202,10 @@ async def _handle(request: web.Request, provider_dir: str, model: str) -> web.St
     raw = await request.read()
     state = request.app[STATE]
     state.requests.append(record(request, raw))
-    if provider_dir == "openai_responses" and fake_background.asks_background(raw):
-        return await fake_background.create(request, model, partial(find_case, state.config.roots, provider_dir),
-                                            (state.config.delay_ms, state.config.slow_delay_ms))
+    if provider_dir in BACKGROUND_CREATE and fake_background.asks_background(raw):
+        return await BACKGROUND_CREATE[provider_dir](request, model, partial(find_case, state.config.roots,
+                                                                             provider_dir),
+                                                     (state.config.delay_ms, state.config.slow_delay_ms))
     return await _answer(request, provider_dir, model)
 
 
@@ -240,7 +253,9 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
     app.router.add_post("/v1/responses", _by_body_model("openai_responses"))
     app.router.add_post("/v1/messages", _by_body_model("anthropic"))
     app.router.add_post("/v1beta/models/{model:[^/:]+}:streamGenerateContent", _gemini)
+    app.router.add_post("/v1beta/interactions", _by_body_model("gemini_interactions"))
     fake_background.install(app, app[STATE].background)
+    fake_interactions.install(app)
     app.router.add_get("/_requests", _list_requests)
     app.router.add_delete("/_requests", _clear_requests)
     return app

@@ -8,7 +8,8 @@ Install it on its own (``pip install ./client`` from a fanout checkout); it depe
 * the event contract (:mod:`fanout_client.contract`: ``StreamStart``, ``BlockDelta``, ...)
   and the reducer (:mod:`fanout_client.reducer`: events → assembled result);
 * the errors (:mod:`fanout_client.errors`);
-* ``fanout-client submit|tail``, the command line (:mod:`fanout_client.cli`).
+* ``fanout-client submit|tail|status|cancel|token``, the command line (:mod:`fanout_client.cli`,
+  :mod:`fanout_client.cli_manage`).
 """
 
 from fanout_client.client import FanoutClient as FanoutClient

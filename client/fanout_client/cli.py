@@ -2,7 +2,9 @@
 
 ``submit`` posts a job and prints the publisher's answer (or, with ``--follow``, the
 events as they arrive); ``tail`` follows a stream with automatic resume and prints
-its events as JSON lines, or the whole stream's assembled result with ``--result``.
+its events, or the whole stream's assembled result with ``--result``. Events print as
+JSON lines when standard output is a pipe or a file, as readable text on a terminal
+(:mod:`fanout_client.text_view`); ``--format`` chooses.
 The publisher's address comes from ``--url``, else ``FANOUT_URL``, else
 :data:`DEFAULT_URL`; the API key from ``--api-key`` or ``FANOUT_API_KEY``; the read
 token of ``tail`` from ``--token`` or ``FANOUT_TOKEN``.
@@ -18,13 +20,14 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
-from fanout_client.client import FanoutClient, base_url_problem
+from fanout_client import cli_manage
+from fanout_client.client import FanoutClient
 from fanout_client.contract import PROVIDERS, encode_event, parse_event_id
 from fanout_client.errors import (
     EXIT_BROKEN_PIPE,
@@ -36,10 +39,10 @@ from fanout_client.errors import (
     StreamUnavailableError,
 )
 from fanout_client.reducer import Assembler, result_to_builtins
-from fanout_client.refusals import Credential, Target, refusal
+from fanout_client.refusals import DEFAULT_URL, Credential, Target, refusal, target_of
+from fanout_client.snapshot import StreamSnapshot, assembler_from
+from fanout_client.text_view import OUTPUT_FORMATS, RULE, OutputFormat, TextView, chosen_format
 
-DEFAULT_URL: Final = "http://127.0.0.1:8080"
-"""Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
 ERROR_STATUSES: Final = ("failed", "interrupted", "cancelled")
 """Stream statuses of a ``stream.error`` end (exit 3)."""
 
@@ -84,23 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                             help="print only the whole stream's assembled result once it ended (with "
                                  "--last-event-id too: it waits from there, then the result comes from "
                                  "GET /v1/streams/{id})")
+    _add_format(parser)
 
 
-def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Target:
-    """Resolve the URL and API key from the flags, then the environment, then the default.
-
-    Raises:
-        CommandError: The URL is not an ``http(s)://`` URL (exit 2), naming where it came from.
-    """
-    env = os.environ if environ is None else environ
-    url, source = (args.url, "--url") if args.url else (env.get("FANOUT_URL"), "FANOUT_URL")
-    if not url:
-        url, source = DEFAULT_URL, "the default URL (set FANOUT_URL or --url to change it)"
-    problem = base_url_problem(url)
-    if problem is not None:
-        raise CommandError(f"{source}: {problem}")
-    return Target(url=url, url_source=source, api_key=args.api_key or env.get("FANOUT_API_KEY") or None,
-                  command=args.command)
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=OUTPUT_FORMATS, default="auto",
+                        help="how events print: json (one JSON line each), text (the answer as text, blocks "
+                             "labelled), auto (default: text on a terminal, json when piped)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "submit":
         return asyncio.run(_submit(args, target))
     token = args.token or os.environ.get("FANOUT_TOKEN") or None
-    return asyncio.run(_tail(target, args.stream_id, token, args.last_event_id, result_only=args.result))
+    return asyncio.run(_tail(target, args.stream_id, token, args.last_event_id, result_only=args.result,
+                             fmt=args.format))
 
 
 def _json_object(text: str, where: str, example: str) -> dict[str, Any]:
@@ -166,22 +160,29 @@ async def _submit(args: argparse.Namespace, target: Target) -> int:
                                       stream_id=args.stream_id, metadata=metadata, endpoint=args.endpoint)
         except StreamUnavailableError as exc:
             raise refusal(exc, target, "api key" if target.api_key else "none", None) from exc
-    sys.stdout.write(msgspec.json.encode(sub).decode() + "\n")
+    text = args.follow and chosen_format(args.format, tty=sys.stdout.isatty()) == "text"
+    sys.stdout.write(f"{RULE} submitted {sub.stream_id}\n" if text else msgspec.json.encode(sub).decode() + "\n")
     sys.stdout.flush()
     if not args.follow:
         return EXIT_OK
-    return await _tail(target, sub.stream_id, sub.token, None, result_only=False)
+    return await _tail(target, sub.stream_id, sub.token, None, result_only=False, fmt=args.format)
 
 
-async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool) -> int:
+async def _tail(target: Target, stream_id: str, token: str | None, last: str | None, *, result_only: bool,
+                fmt: OutputFormat = "auto") -> int:
     credential: Credential = "token" if token else "api key" if target.api_key else "none"
     assembler = Assembler(stream_id)
+    snapshot = result_only and last is None  # only the state is printed: read a snapshot, not the history
+    view = TextView() if chosen_format(fmt, tty=sys.stdout.isatty()) == "text" else None
     async with FanoutClient(target.url, api_key=target.api_key) as client:
         try:
-            async for event in client.events(stream_id, token=token, last_event_id=last):
+            async for event in client.events(stream_id, token=token, last_event_id=last, snapshot=snapshot):
+                if isinstance(event, StreamSnapshot):
+                    assembler = assembler_from(event)
+                    continue
                 assembler.apply(event)
                 if not result_only:
-                    sys.stdout.write(encode_event(event).decode() + "\n")
+                    sys.stdout.write(view.render(event) if view else encode_event(event).decode() + "\n")
                     sys.stdout.flush()
             result = result_to_builtins(assembler.result())
             if last is not None:  # the events seen are not the whole stream: ask for its result
@@ -217,7 +218,7 @@ def _exit_status(command: str, stream_id: str, result: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``fanout-client submit|tail``: the same two commands without the server installed.
+    """``fanout-client submit|tail|status|cancel|token``: the same commands without the server installed.
 
     Returns:
         The exit status of :func:`run`; a :class:`CommandError` is printed as one line.
@@ -228,9 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, help_text in (("submit", "submit a job over HTTP and optionally follow its stream"),
                             ("tail", "follow a stream over SSE with automatic resume")):
         add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
+    for name, help_text in cli_manage.COMMANDS.items():
+        cli_manage.add_arguments(sub.add_parser(name, help=help_text, description=help_text), name)
     args = parser.parse_args(argv)
     try:
-        code = run(args)
+        code = cli_manage.run(args) if args.command in cli_manage.COMMANDS else run(args)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
     except CommandError as exc:
         sys.stderr.write(f"fanout-client {args.command}: {exc.message}\n")

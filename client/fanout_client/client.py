@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, Final, Literal, overload
 
 import aiohttp
 import msgspec
 
 from fanout_client.answers import NOT_A_ROUTE, base_url_problem, connect_reason, refusal_error
-from fanout_client.contract import Event, decode_event, is_terminal, parse_event_id
+from fanout_client.contract import Event
 from fanout_client.errors import HistoryResetError, PublisherUnreachableError
+from fanout_client.reconnect import DEFAULT_RETRY_MS, MAX_BACKOFF_S, Connection, backoff_s, event_id
 from fanout_client.reducer import AssembledResult, Assembler
+from fanout_client.snapshot import StreamSnapshot, assembler_from, decode_message, ends
 from fanout_client.sse import SSEParser
 
 __all__ = ["DEFAULT_RETRY_MS", "MAX_BACKOFF_S", "MAX_RESETS", "NOT_A_ROUTE", "FanoutClient", "Submission",
@@ -34,10 +35,6 @@ __all__ = ["DEFAULT_RETRY_MS", "MAX_BACKOFF_S", "MAX_RESETS", "NOT_A_ROUTE", "Fa
 
 MAX_RESETS: Final = 3
 """Most restarts of :meth:`FanoutClient.result` after a ``history-reset`` (contract 1.1)."""
-DEFAULT_RETRY_MS: Final = 1000
-"""Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
-MAX_BACKOFF_S: Final = 30.0
-"""Longest wait between two reconnects."""
 
 
 class Submission(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,6 +151,14 @@ class FanoutClient:
         async with self._request("GET", f"/v1/streams/{stream_id}", headers=self._auth(token)) as resp:
             return await self._json_or_raise(resp, expect=(200,))
 
+    @overload
+    def events(self, stream_id: str, *, token: str | None = None, last_event_id: int | str | None = None,
+               events_url: str | None = None, snapshot: Literal[False] = False) -> AsyncIterator[Event]: ...
+
+    @overload
+    def events(self, stream_id: str, *, token: str | None = None, last_event_id: int | str | None = None,
+               events_url: str | None = None, snapshot: bool) -> AsyncIterator[Event | StreamSnapshot]: ...
+
     async def events(
         self,
         stream_id: str,
@@ -161,7 +166,8 @@ class FanoutClient:
         token: str | None = None,
         last_event_id: int | str | None = None,
         events_url: str | None = None,
-    ) -> AsyncIterator[Event]:
+        snapshot: bool = False,
+    ) -> AsyncIterator[Event | StreamSnapshot]:
         """Yield the stream's events after ``last_event_id``, resuming by itself on disconnect.
 
         Args:
@@ -171,10 +177,15 @@ class FanoutClient:
                 or a bare seq, which the publisher does not check against the stream's
                 generation); ``None`` starts at the beginning.
             events_url: The URL from the submission (default ``/v1/streams/{id}/events``).
+            snapshot: Without ``last_event_id``, ask for the stream's state instead of its
+                history (``?snapshot=1``): a :class:`~fanout_client.snapshot.StreamSnapshot`
+                comes first (a publisher older than contract 1.1 sends the history instead),
+                then the events after its seq; a reconnect resumes after the last id held.
 
         Yields:
             Contract events in seq order, each once; unknown event types are skipped.
-            Ends after the terminal event, or at once on ``204`` (already complete).
+            Ends after the terminal event (or a snapshot of a finished stream), or at once
+            on ``204`` (already complete).
 
         Raises:
             HistoryResetError: The stream was written again as another generation while
@@ -189,16 +200,17 @@ class FanoutClient:
         position = None if last_event_id is None else str(last_event_id)
         retry_ms, failures, connected = DEFAULT_RETRY_MS, 0, False
         while True:
-            conn = _Connection()
+            conn = Connection()
             try:
-                async for frame_id, event, hint in self._one_connection(url, token, position, conn):
+                query = {"snapshot": "1"} if snapshot and position is None else None
+                async for frame_id, event, hint in self._one_connection(url, token, position, conn, query):
                     if hint is not None:
                         retry_ms = hint
                     if frame_id is not None:
                         position, failures = frame_id, 0
                     if event is not None:
                         yield event
-                        if is_terminal(event):
+                        if ends(event):
                             return
             except PublisherUnreachableError:
                 if not connected:
@@ -213,15 +225,16 @@ class FanoutClient:
                 raise PublisherUnreachableError(
                     f"gave up after {self.max_reconnects} failed reconnects to the publisher at {self.base_url}")
             self.reconnects += 1
-            await asyncio.sleep(_backoff_s(retry_ms, failures))
+            await asyncio.sleep(backoff_s(retry_ms, failures))
 
     async def _one_connection(
-        self, url: str, token: str | None, position: str | None, conn: _Connection
-    ) -> AsyncIterator[tuple[str | None, Event | None, int | None]]:
+        self, url: str, token: str | None, position: str | None, conn: Connection,
+        query: dict[str, str] | None = None,
+    ) -> AsyncIterator[tuple[str | None, Event | StreamSnapshot | None, int | None]]:
         headers = {**self._auth(token), "Accept": "text/event-stream"}
         if position is not None:
             headers["Last-Event-ID"] = position
-        async with self._request("GET", url, headers=headers) as resp:
+        async with self._request("GET", url, headers=headers, params=query) as resp:
             conn.connected = True
             if resp.status == 204:
                 conn.complete = True
@@ -231,22 +244,25 @@ class FanoutClient:
             parser = SSEParser()
             async for chunk in resp.content.iter_any():
                 for message in parser.feed(chunk):
-                    data = message.data
-                    event = decode_event(data) if data is not None and message.event != "stream.gap" else None
-                    yield _event_id(message.id), event, message.retry_ms
+                    yield event_id(message.id), decode_message(message.event, message.data), message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
         """Follow the stream to its end and return the assembled result.
 
-        A stream written again as another generation meanwhile (:class:`HistoryResetError`)
-        is assembled again from its start, at most :data:`MAX_RESETS` times, so the result
-        is always one generation's.
+        It asks for a snapshot (``events(..., snapshot=True)``), so a stream that is
+        already long or finished costs its state, not its history. A stream written again
+        as another generation meanwhile (:class:`HistoryResetError`) is assembled again
+        from its start, at most :data:`MAX_RESETS` times, so the result is always one
+        generation's.
         """
         for attempt in range(MAX_RESETS + 1):
             assembler = Assembler(stream_id)
             try:
-                async for event in self.events(stream_id, token=token):
-                    assembler.apply(event)
+                async for item in self.events(stream_id, token=token, snapshot=True):
+                    if isinstance(item, StreamSnapshot):
+                        assembler = assembler_from(item)
+                    else:
+                        assembler.apply(item)
             except HistoryResetError:
                 if attempt == MAX_RESETS:
                     raise
@@ -273,33 +289,3 @@ class FanoutClient:
             return data
         raise refusal_error(resp.status, f"{resp.method} {resp.url.path}", data, base_url=self.base_url,
                             reason=resp.reason)
-
-
-def _event_id(text: str | None) -> str | None:
-    """Return an SSE ``id`` worth sending back as ``Last-Event-ID`` (``<seq>`` or ``<seq>.<epoch>``), else ``None``."""
-    if not text:
-        return None
-    try:
-        parse_event_id(text)
-    except ValueError:
-        return None
-    return text
-
-
-class _Connection:
-    """What one connection learned beyond its events: whether it got an answer, and a 204."""
-
-    __slots__ = ("complete", "connected")
-
-    def __init__(self) -> None:
-        self.complete = False
-        self.connected = False
-
-
-def _backoff_s(retry_ms: int, failures: int) -> float:
-    """Wait before reconnect ``failures``: the ``retry:`` hint, doubled per failure, full jitter after the first."""
-    base = retry_ms / 1000.0
-    if failures <= 1:
-        return base
-    ceiling: float = min(MAX_BACKOFF_S, base * 2.0 ** (failures - 1))
-    return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography

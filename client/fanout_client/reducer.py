@@ -165,6 +165,7 @@ class Assembler:
         self._blocks: dict[int, _BlockAcc] = {}
         self._start: StreamStart | None = None
         self._end: StreamDone | StreamError | None = None
+        self._model: str | None = None
 
     def apply(self, event: Event) -> None:
         """Fold one event into the result."""
@@ -184,6 +185,17 @@ class Assembler:
         elif isinstance(event, StreamDone | StreamError) and self._end is None:
             self._end = event
 
+    def seed_block(self, start: BlockStart, text: str, signature: str | None, *, closed: bool) -> None:
+        """Hold a block as if ``start`` and deltas of ``text`` and ``signature`` were applied (a snapshot's block)."""
+        acc = self._blocks[start.block.index] = _BlockAcc(start)
+        acc.parts += [text] if text else []
+        acc.signature += [signature] if signature is not None else []
+        acc.closed = closed
+
+    def seed_end(self, end: StreamDone | StreamError | None, model: str | None) -> None:
+        """Hold a snapshot's terminal event (``None``: running) and the model it reported without ``stream.start``."""
+        self._end, self._model = end, model
+
     def result(self) -> AssembledResult:
         """Return the assembled result of every event applied so far."""
         blocks = [self._blocks[i].build() for i in sorted(self._blocks)]
@@ -198,8 +210,8 @@ class Assembler:
             out.usage, out.finish_reason = end.usage, end.finish_reason
         if end is not None and isinstance(end.endpoint, str):
             out.endpoint = end.endpoint
-        if out.model is None and self._start is not None:
-            out.model = self._start.model
+        if out.model is None:
+            out.model = self._start.model if self._start is not None else self._model
         return out
 
 

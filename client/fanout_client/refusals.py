@@ -1,6 +1,7 @@
-"""How ``fanout submit`` and ``fanout tail`` word a refusal: what went wrong and what to fix.
+"""Where the client commands talk to, and how they word a refusal: what went wrong and what to fix.
 
-:class:`Target` is where a command talks to and where each setting came from;
+:class:`Target` is where a command talks to and where each setting came from
+(:func:`target_of`: the flags, then ``FANOUT_URL``/``FANOUT_API_KEY``, then :data:`DEFAULT_URL`);
 :func:`refusal` turns what the client raised (:mod:`fanout_client.errors`) into one
 :class:`~fanout_client.errors.CommandError` line that names the option or variable to
 check (``--url``/``FANOUT_URL``, ``--api-key``/``FANOUT_API_KEY``, ``--token``/``FANOUT_TOKEN``,
@@ -9,11 +10,14 @@ check (``--url``/``FANOUT_URL``, ``--api-key``/``FANOUT_API_KEY``, ``--token``/`
 
 from __future__ import annotations
 
-from typing import Literal
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Final, Literal
 
 import msgspec
 
-from fanout_client.answers import NOT_A_ROUTE
+from fanout_client.answers import NOT_A_ROUTE, base_url_problem
 from fanout_client.errors import (
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
@@ -39,6 +43,27 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     """The API key, if any."""
     command: str = "submit"
     """The subcommand, for messages."""
+
+
+DEFAULT_URL: Final = "http://127.0.0.1:8080"
+"""Publisher address when neither ``--url`` nor ``FANOUT_URL`` is given."""
+
+
+def target_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Target:
+    """Resolve the URL and API key from the flags, then the environment, then the default.
+
+    Raises:
+        CommandError: The URL is not an ``http(s)://`` URL (exit 2), naming where it came from.
+    """
+    env = os.environ if environ is None else environ
+    url, source = (args.url, "--url") if args.url else (env.get("FANOUT_URL"), "FANOUT_URL")
+    if not url:
+        url, source = DEFAULT_URL, "the default URL (set FANOUT_URL or --url to change it)"
+    problem = base_url_problem(url)
+    if problem is not None:
+        raise CommandError(f"{source}: {problem}")
+    return Target(url=url, url_source=source, api_key=args.api_key or env.get("FANOUT_API_KEY") or None,
+                  command=args.command)
 
 
 def refusal(exc: StreamUnavailableError, target: Target, credential: Credential,

@@ -151,6 +151,10 @@ class AGUIWriter:
                      "message": "stored history no longer follows this stream; reconnect to get the cause"}
         return sse_frame(event)
 
+    def live(self) -> bytes:
+        """Return nothing: every event was sent as it was translated."""
+        return b""
+
     def _translate(self, entry: Entry) -> list[AGUIEvent]:
         if not entry.frame or not self.projection.visible(entry):
             return []

@@ -10,8 +10,8 @@ without ``live`` is a catch-up read (one page, at most ``FANOUT_READ_PAGE`` even
 ==============================================================  ======================
 situation                                                       answer
 ==============================================================  ======================
-``offset`` repeated, empty or malformed; ``live`` unknown;      400 ``invalid-position``
-a live read without ``offset``                                  / ``invalid-field``
+``offset`` repeated, empty or malformed; ``live`` unknown or    400 ``invalid-position``
+repeated; a live read without ``offset``                        / ``invalid-field``
 no meta, no events, no tombstone                                404 ``not-found``
 offset of another generation (the stream was written again)     410 ``history-reset``
 events expired (tombstone only) and offset not its last seq     410 ``history-expired``
@@ -34,6 +34,7 @@ from aiohttp import web
 from publisher.api.auth import authorize_read
 from publisher.api.durable_live import serve_live
 from publisher.api.durable_read import Query, contiguous, messages, parse_query, resolve
+from publisher.api.durable_write import send_answer
 from publisher.api.limits import path_stream_id
 from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
@@ -41,7 +42,6 @@ from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.state import FAIR_SHARES, STORE
 from publisher.wire.durable import (
-    BEGINNING,
     CACHEABLE,
     NO_STORE,
     NOW,
@@ -50,6 +50,7 @@ from publisher.wire.durable import (
     entity_tag,
     format_offset,
     json_array,
+    none_match,
     read_headers,
 )
 
@@ -73,7 +74,7 @@ async def stream_durable(request: web.Request) -> web.StreamResponse:
         raise
 
 
-async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Query) -> web.Response:
+async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Query) -> web.StreamResponse:
     claim = request.app[FAIR_SHARES].claim(request, "status")
     try:
         store = request.app[STORE]
@@ -91,11 +92,11 @@ async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Q
         state = ReadState(format_offset(reader.cursor, epoch), up_to_date=len(entries) == len(page) < store.page,
                           closed=bool(entries) and entries[-1].terminal)
         tag = entity_tag(scope, query.offset, state)
-        cache = CACHEABLE if entries and query.offset != BEGINNING else NO_STORE
+        cache = CACHEABLE if entries and start.seq > 0 else NO_STORE  # from seq 0 (-1 or 0000...): a start
         headers = read_headers(state, cache_control=cache, etag=tag)
-        if request.headers.get("If-None-Match") == tag:
+        if none_match(request.headers.get("If-None-Match"), tag):
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
-        return web.Response(body=body, headers=headers)
+        return await send_answer(request, body, headers)
     finally:
         claim.release()
 

@@ -19,7 +19,6 @@ Follows the Durable Streams Protocol, sections 5.7, 5.8 and 10.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -28,13 +27,13 @@ from aiohttp import web
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.durable_read import Query, Start, contiguous, messages, resolve
+from publisher.api.durable_write import BudgetedWriter, drop, send_answer
 from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.history.entries import Entry, Page
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
-from publisher.live.reader_budget import reset_on_close
-from publisher.state import BUDGET, FAIR_SHARES, GATE, HUB, SETTINGS, STORE
+from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.wire.durable import (
     MAX_JITTER_S,
     NO_STORE,
@@ -150,7 +149,7 @@ async def serve_live(request: web.Request, stream_id: str, scope: Scope, query: 
         claim.release()
         raise ProblemError(refusal, "the publisher cannot hold another live read now; retry shortly",
                            headers={"Retry-After": str(app[SETTINGS].busy_retry_after_s)})
-    reader = Reader(stream_id, start.seq, app[SETTINGS].client_queue, lambda: _drop(request), epoch=reader_epoch(info))
+    reader = Reader(stream_id, start.seq, app[SETTINGS].client_queue, lambda: drop(request), epoch=reader_epoch(info))
     try:
         await app[HUB].join(reader)
         first = await app[STORE].read_after(stream_id, start.seq, share=app[HUB].share_key(reader))
@@ -165,11 +164,6 @@ async def serve_live(request: web.Request, stream_id: str, scope: Scope, query: 
         app[HUB].leave(reader)
         gate.release()
         claim.release()
-
-
-def _drop(request: web.Request) -> None:
-    if request.transport is not None:
-        request.transport.abort()
 
 
 class LiveRead:
@@ -207,7 +201,7 @@ class LiveRead:
         found = await messages(self.request, self.projection, self.tail.reader.stream_id, entries)
         return found, bool(entries), end or self.closed
 
-    async def long_poll(self) -> web.Response:
+    async def long_poll(self) -> web.StreamResponse:
         """Answer 200 with the first events that come (or are stored), else 204 at the deadline."""
         deadline = time.monotonic() + self.settings.durable_long_poll_s
         found: list[bytes] = []
@@ -223,13 +217,14 @@ class LiveRead:
             return web.Response(status=204, headers=read_headers(state, cache_control=NO_STORE, cursor=self.cursor))
         tag = entity_tag("public" if self.projection.public else "internal", self.start, state)
         headers = read_headers(state, cache_control=NO_STORE, cursor=self.cursor, etag=tag)
-        return web.Response(body=json_array(found), headers=headers)
+        self.request.app[HUB].leave(self.tail.reader)  # nothing more is taken: no live event queues while it is sent
+        return await send_answer(self.request, json_array(found), headers)
 
     async def sse(self) -> web.StreamResponse:
         """Stream batches as ``data`` + ``control`` events until the end, the time limit or a gap."""
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await response.prepare(self.request)
-        writer = _Writer(self.request, response)
+        writer = BudgetedWriter(self.request, response)
         deadline = time.monotonic() + self.settings.durable_sse_max_s
         announced = False
         try:
@@ -256,39 +251,3 @@ class LiveRead:
     def control(self) -> bytes:
         """Return the ``control`` event for where the client is now."""
         return control_event(self.offset, cursor=self.cursor, up_to_date=self.tail.up_to_date, closed=self.closed)
-
-
-class _Writer:
-    """Writes one SSE body; drops a client that takes nothing for ``FANOUT_WRITE_TIMEOUT_S``."""
-
-    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
-        self.request, self.response = request, response
-        self.timeout_s = request.app[SETTINGS].write_timeout_s
-        self.last = time.monotonic()
-
-    def idle_s(self) -> float:
-        """Seconds since the last write."""
-        return time.monotonic() - self.last
-
-    async def write(self, data: bytes) -> None:
-        """Write ``data``, counting it against the readers' memory budgets while it waits.
-
-        Raises:
-            ConnectionResetError: The client stopped reading, or was dropped over a budget.
-        """
-        budget, transport = self.request.app[BUDGET], self.request.transport
-        own = (transport.get_write_buffer_size() if transport is not None else 0) + len(data)
-        waiting = budget.begin(self._reset, data, 0, own)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self.response.write(data)
-        except TimeoutError:
-            _drop(self.request)
-            raise ConnectionResetError("the client stopped reading") from None
-        finally:
-            budget.end(waiting)
-        self.last = time.monotonic()
-
-    def _reset(self) -> None:
-        reset_on_close(self.request.transport)
-        _drop(self.request)

@@ -60,9 +60,12 @@ def parse_query(request: web.Request) -> Query:
     Raises:
         ProblemError: ``invalid-position`` (400) for an ``offset`` given twice, empty or
             malformed, or missing on a live read; ``invalid-field`` (400) for a ``live``
-            other than ``long-poll`` or ``sse``.
+            other than ``long-poll`` or ``sse``, or given more than once.
     """
     offsets = request.query.getall("offset", [])
+    if len(request.query.getall("live", [])) > 1:
+        raise ProblemError("invalid-field", "the live parameter is given more than once; give it once",
+                           errors=[FieldError(field="live", detail="given more than once")])
     live = request.query.get("live")
     if live not in (None, "long-poll", "sse"):
         raise ProblemError("invalid-field", "live must be long-poll or sse (or absent: a catch-up read)",

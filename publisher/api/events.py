@@ -13,6 +13,7 @@ tombstone only, position = its last seq                     204
 tombstone only, any other position                          410 ``history-expired``
 position above the stored top (meta ``last_seq``)           410 ``position-ahead``
 ended and position = last seq                               204
+ended, ``If-None-Match`` names the response's ``ETag``      304 (:mod:`publisher.api.caching`)
 first entry after the position is not position + 1         410 ``history-trimmed``
 events gone although meta says more exist                   410 ``history-expired``
 the first page read belongs to another generation           410 ``history-reset``
@@ -23,7 +24,9 @@ The position is ``Last-Event-ID``, else the ``last_event_id`` query parameter, e
 (an empty value counts as absent, as EventSource never sends one): ``<seq>`` (no
 generation check, as before contract 1.1) or ``<seq>.<epoch>``, the SSE ``id`` of the
 event the client holds. Every ``id:`` sent is ``<seq>.<epoch>`` once the stream has an
-epoch. The live subscription is taken before the first history read (B18).
+epoch. The live subscription is taken before the first history read (B18). Without a
+position, ``?snapshot=1`` sends one ``stream.snapshot`` first and the history after its
+seq (:mod:`publisher.api.snapshot`, which tables its own answers).
 
 Follows WHATWG HTML "9.2 Server-sent events" and RFC 9457.
 """
@@ -39,11 +42,14 @@ from opentelemetry import trace
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.api.auth import authorize_read
+from publisher.api.caching import Freshness, freshness
 from publisher.api.fair_share import Claim
 from publisher.api.limits import path_stream_id
 from publisher.api.positions import Position, check_first_page, early_answer, parse_position, reader_epoch
 from publisher.api.problems import ProblemError
+from publisher.api.snapshot import read_snapshot, wants_snapshot
 from publisher.history.entries import Page
+from publisher.history.store import StreamInfo
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.live.session import Session
@@ -142,19 +148,44 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     if early is not None:
         app[TELEMETRY].no_content.add(1)
         return early
-    stream = EventStream(request, claim)
+    snapshot = wants_snapshot(request, position.seq)
+    fresh = await freshness(request, stream_id, info, "events", (scope, position.seq, snapshot),
+                            vary="Authorization, Last-Event-ID", extra="no-transform")
+    if fresh is not None and fresh.matches(request):
+        return fresh.not_modified()
+    stream = EventStream(request, claim, fresh)
     reader = Reader(stream_id, position.seq, app[SETTINGS].client_queue, stream.drop, epoch=reader_epoch(info))
     hub = app[HUB]
     try:
         await hub.join(reader)
-        asked = app[STORE].first_page
-        first = [await app[STORE].read_after(stream_id, position.seq, asked, share=hub.share_key(reader))]  # handed on
-        await check_first_page(request, info, first[0], reader)
-        await stream.start(reader, Projection(scope), first, asked=asked, known_top=info.last_seq)
+        first, prelude, final, info = await _first_read(request, scope, info, reader, snapshot=snapshot)
+        await stream.start(reader, Projection(scope), first, asked=app[STORE].first_page, known_top=info.last_seq,
+                           prelude=prelude, final=final)
     except BaseException:
         hub.leave(reader)  # a started event stream leaves the hub when it ends
         raise
     return stream
+
+
+async def _first_read(request: web.Request, scope: Scope, info: StreamInfo, reader: Reader, *,
+                      snapshot: bool) -> tuple[list[Page], bytes, bool, StreamInfo]:
+    """Read what the response starts with: ``([first page], snapshot message or b"", snapshot is final, info)``.
+
+    A snapshot stands for the history up to its seq: the reader's cursor moves there and
+    the first page is read after it; a finished stream's snapshot is all there is (no read).
+
+    Raises:
+        ProblemError: 410 as :func:`check_first_page` and :func:`publisher.api.snapshot.read_snapshot` say.
+    """
+    store, hub, prelude = request.app[STORE], request.app[HUB], b""
+    if snapshot:
+        prelude, reader.cursor, final, info = await read_snapshot(request, reader.stream_id, scope, info)
+        reader.epoch = reader_epoch(info)
+        if final:
+            return [Page()], prelude, True, info
+    first = [await store.read_after(reader.stream_id, reader.cursor, store.first_page, share=hub.share_key(reader))]
+    await check_first_page(request, info, first[0], reader)
+    return first, prelude, False, info  # the page list is handed on: no frame keeps the page
 
 
 class EventStream(web.StreamResponse):
@@ -169,20 +200,28 @@ class EventStream(web.StreamResponse):
     place in the hub, its ``FANOUT_MAX_CONNECTIONS`` slot and its credential's place, and
     gives them back when the body ends, however it ends (client gone, cancelled, error).
 
+    A finished stream's response (``cache`` given: :mod:`publisher.api.caching`) cut short
+    (a storage error, an unexpected error) is aborted, not ended, so no cache keeps a partial
+    body under its tag. A ``stream.gap`` ends it as always: stored history that no longer
+    follows is what every later read of that position finds too.
+
     Args:
         request: The SSE request.
         claim: The request's place under its credential (:mod:`publisher.api.fair_share`).
+        cache: The caching headers of a finished stream's response; ``None``: ``no-store``.
     """
 
-    __slots__ = ("_claim", "_first", "_request", "_session")  # beside aiohttp's __dict__: these do not grow it
+    __slots__ = ("_cache", "_claim", "_final", "_first", "_prelude", "_request", "_session")
 
-    def __init__(self, request: web.Request, claim: Claim) -> None:
-        super().__init__(status=200, headers=SSE_HEADERS)
+    def __init__(self, request: web.Request, claim: Claim, cache: Freshness | None = None) -> None:
+        super().__init__(status=200, headers=SSE_HEADERS | (cache.headers if cache is not None else {}))
         self._request = request
         self._claim = claim
+        self._cache = cache
         self._session: Session | None = None
         self._first: list[Page] = []
         self._asked = 0
+        self._prelude, self._final = b"", False
 
     def drop(self) -> None:
         """Drop the connection of a reader whose queue overflowed or whose client stopped reading, even mid-write."""
@@ -191,7 +230,7 @@ class EventStream(web.StreamResponse):
             self._request.transport.abort()
 
     async def start(self, reader: Reader, projection: Projection, first: list[Page], *, asked: int,
-                    known_top: int) -> None:
+                    known_top: int, prelude: bytes = b"", final: bool = False) -> None:
         """Send the headers and set up the session; the body follows in :meth:`write_eof`.
 
         Args:
@@ -200,6 +239,8 @@ class EventStream(web.StreamResponse):
             first: ``[page]``: the first history page, checked to start at the cursor + 1.
             asked: The ``COUNT`` that page was read with: a shorter page reached the top.
             known_top: The stored top seq read before the first page.
+            prelude: Sent before the first page (a ``stream.snapshot`` message).
+            final: The prelude ends the stream (a finished stream's snapshot): nothing follows it.
         """
         request, app = self._request, self._request.app
         if request.version >= (1, 1):
@@ -214,6 +255,7 @@ class EventStream(web.StreamResponse):
         app[TELEMETRY].open_connections.add(1)
         settings = app[SETTINGS]
         self._first, self._asked = first, asked
+        self._prelude, self._final = prelude, final
         self._session = Session(response=self, reader=reader, projection=projection, store=app[STORE], hub=app[HUB],
                                 telemetry=app[TELEMETRY], heartbeat_s=settings.heartbeat_s, known_top=known_top,
                                 write_timeout_s=settings.write_timeout_s,
@@ -226,19 +268,27 @@ class EventStream(web.StreamResponse):
         if session is not None:
             app = self._request.app
             try:
-                await self.write(retry_frame(app[SETTINGS].sse_retry_ms))
-                await session.run(self._first, self._asked)
+                await self.write(retry_frame(app[SETTINGS].sse_retry_ms) + self._prelude)
+                if not self._final:
+                    await session.run(self._first, self._asked)
                 await super().write_eof(data)
             except ConnectionError:
-                pass  # the client left, or its connection was dropped on overflow or a stalled write
+                self._abort_cached()  # the client left, or was dropped on overflow or a stalled write
             except REDIS_ERRORS as exc:  # headers are sent: end the body, the client resumes
                 app[TELEMETRY].redis_error(exc)
                 log.warning("stream %s: storage error mid-response: %s", session.reader.stream_id, exc)
+                self._abort_cached()
             except Exception:  # headers are sent: no problem document is possible any more
                 log.exception("stream %s: unexpected error mid-response", session.reader.stream_id)
+                self._abort_cached()
             finally:
                 app[TELEMETRY].open_connections.add(-1)
                 app[HUB].leave(session.reader)
                 app[GATE].release()
                 self._claim.release()
         await super().write_eof(data)  # done already, or raises ConnectionError when the client is gone
+
+    def _abort_cached(self) -> None:
+        """Abort a cacheable response cut short: a body ended cleanly would look whole to a cache."""
+        if self._cache is not None and self._request.transport is not None:
+            self._request.transport.abort()

@@ -17,7 +17,9 @@ for two routes: ``sse`` (open ``/events`` and ``/ui`` responses: ``MAX_CONNECTIO
 than the limit is refused (:class:`ShareExceededError`, a 429 ``too-many-requests`` with
 ``Retry-After``; ``/events`` answers its busy 200 instead), both hinting
 ``FANOUT_SHARE_RETRY_AFTER_S``; so one credential at its limit never takes what others are
-served with. Only credentials that
+served with. A status read is also paced (``paced``: ``FANOUT_STATUS_READ_RATE_PER_*``, a
+token bucket per credential, :mod:`publisher.api.status_rate`): past its bucket, a 429 whose
+``Retry-After`` is the wait until the bucket holds one request again. Only credentials that
 :func:`publisher.api.auth.authorize_read` accepted are counted by digest (BLAKE2b, 16 bytes:
 the credential itself is never kept). The client address is the socket's peer; only when
 the peer is one of ``FANOUT_TRUSTED_PROXIES`` is it the rightmost ``X-Forwarded-For``
@@ -29,12 +31,15 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import time
+from collections.abc import Callable
 from typing import Final, Literal
 
 from aiohttp import web
 
 from publisher.api.auth import bearer
 from publisher.api.problems import ProblemError
+from publisher.api.status_rate import RATE_SETTINGS, RateBuckets, RateKind, retry_after_s
 from publisher.api.tokens import TOKEN_PREFIX
 from publisher.settings import PublisherSettings, proxy_networks
 
@@ -78,6 +83,24 @@ class ShareExceededError(ProblemError):
                          headers={"Retry-After": str(retry_after_s)}, extensions={"limit": limit})
 
 
+class RateExceededError(ProblemError):
+    """A status read past its credential's bucket: a 429 ``too-many-requests`` with ``Retry-After``.
+
+    Args:
+        kind: Whose bucket is empty.
+        buckets: Its kind's buckets (their rate and burst are named).
+        wait_s: Seconds until the bucket holds one request again.
+    """
+
+    def __init__(self, kind: RateKind, buckets: RateBuckets, wait_s: float) -> None:
+        rate_name, burst_name = RATE_SETTINGS[kind]
+        retry = retry_after_s(wait_s)
+        super().__init__("too-many-requests",
+                         f"this {_WHO[kind]} made its {buckets.burst} status requests ({burst_name}), paced at "
+                         f"{buckets.rate:g} a second ({rate_name}); retry after {retry} s",
+                         headers={"Retry-After": str(retry)}, extensions={"limit": buckets.burst})
+
+
 class Claim:
     """One place held under a fair share; :meth:`release` gives it back (once; later calls do nothing)."""
 
@@ -107,12 +130,14 @@ class FairShares:
             trusted proxies and ``share_retry_after_s`` (the ``Retry-After`` of a refusal).
         refused: Refusals counted per route (``Telemetry.shares_refused``: plain ints the
             meter reads, so a refusal costs no metrics call).
+        clock: Monotonic seconds of the status-read buckets (``time.monotonic``).
 
     Raises:
         SettingsError: A ``FANOUT_TRUSTED_PROXIES`` entry that is no address or network.
     """
 
-    def __init__(self, settings: PublisherSettings, refused: dict[str, int] | None = None) -> None:
+    def __init__(self, settings: PublisherSettings, refused: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._limits: dict[tuple[Route, Kind], int] = {
             ("sse", "token"): settings.max_connections_per_token,
             ("sse", "key"): settings.max_connections_per_key,
@@ -126,6 +151,13 @@ class FairShares:
         """The ``Retry-After`` of a refusal (``FANOUT_SHARE_RETRY_AFTER_S``), seconds."""
         self._refused = refused if refused is not None else {}
         self._counts: dict[Holder, int] = {}
+        self.paces: dict[RateKind, RateBuckets] = {
+            "token": RateBuckets(settings.status_read_rate_per_token, settings.status_read_burst_per_token,
+                                 settings.status_read_buckets, clock),
+            "key": RateBuckets(settings.status_read_rate_per_key, settings.status_read_burst_per_key,
+                               settings.status_read_buckets, clock),
+        }
+        """The status-read buckets per kind of credential (an address is not paced)."""
 
     def take(self, request: web.Request, route: Route, *, anonymous: bool = False) -> Claim | None:
         """Take one place for ``request`` on ``route``, or return ``None`` when its holder has its limit.
@@ -146,16 +178,30 @@ class FairShares:
         self._counts[holder] = held + 1
         return Claim(self._counts, holder)
 
-    def claim(self, request: web.Request, route: Route, *, anonymous: bool = False) -> Claim:
+    def claim(self, request: web.Request, route: Route, *, anonymous: bool = False, paced: bool = False) -> Claim:
         """Take one place as :meth:`take` does, or refuse with the problem owed.
+
+        Args:
+            request: As :meth:`take`.
+            route: As :meth:`take`.
+            anonymous: As :meth:`take`.
+            paced: Also take one request from the credential's status-read bucket (once the
+                place is taken: a request refused for its place takes nothing from it).
 
         Raises:
             ShareExceededError: The holder already has its limit of places on ``route``.
+            RateExceededError: ``paced`` and the credential's bucket is empty.
         """
         claim = self.take(request, route, anonymous=anonymous)
+        kind, who = self._holder(request, anonymous)
         if claim is None:
-            kind = self._holder(request, anonymous)[0]
             raise ShareExceededError(route, kind, self._limits[route, kind], self.retry_after_s)
+        if paced and kind != "address" and isinstance(who, bytes):
+            wait_s = self.paces[kind].take(who)
+            if wait_s:
+                claim.release()
+                self._refused[route] = self._refused.get(route, 0) + 1
+                raise RateExceededError(kind, self.paces[kind], wait_s)
         return claim
 
     def _holder(self, request: web.Request, anonymous: bool) -> tuple[Kind, bytes | str]:

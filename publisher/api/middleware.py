@@ -125,7 +125,8 @@ def problem_for(request: web.Request, exc: Exception) -> web.Response:
         if isinstance(exc, REDIS_ERRORS):
             request.app[TELEMETRY].redis_error(exc)
         log.warning("%s %s: storage unavailable: %s", request.method, request.path, exc)
-        return ProblemError("redis-unavailable", "storage is unavailable; retry later").response()
+        return ProblemError("redis-unavailable", "storage is unavailable; retry later",
+                            headers={"Retry-After": str(request.app[SETTINGS].busy_retry_after_s)}).response()
     log.exception("%s %s: unexpected error", request.method, request.path)
     return ProblemError("internal", "internal error; it was logged").response()
 

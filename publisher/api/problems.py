@@ -47,7 +47,8 @@ PROBLEM_TYPES: Final[dict[str, tuple[int, str]]] = {
 }
 """Slug → (HTTP status, fixed title) of every problem type the publisher sends."""
 
-NO_ROUTE: Final = "no such route: the API's routes are /v1/streams... under the publisher's root URL (see openapi.json)"
+NO_ROUTE: Final = ("no such route: the API's routes are /v1/streams... under the publisher's root URL "
+                   "(the description: GET /openapi.json)")
 """``detail`` of the ``404`` for a path no route matches (often a base URL that already ends in ``/v1``)."""
 
 _encoder: Final = msgspec.json.Encoder()

@@ -58,6 +58,9 @@ class ProjectedWriter(Protocol):
     def gap_frame(self, *, reset: bool) -> bytes:
         """Return the message that tells the client stored history no longer follows."""
 
+    def live(self) -> bytes:
+        """Return what the replay held back (sent before the live tail), possibly empty."""
+
 
 def drop(request: web.Request) -> None:
     """Abort the request's connection (the client reconnects)."""
@@ -66,7 +69,7 @@ def drop(request: web.Request) -> None:
 
 
 async def serve_projected(request: web.Request, reader: Reader, writer: ProjectedWriter, page: Page,
-                          known_top: int, *, headers: Mapping[str, str]) -> web.StreamResponse:
+                          known_top: int, *, headers: Mapping[str, str], cacheable: bool = False) -> web.StreamResponse:
     """Send ``page`` and what follows it through ``writer``; return the finished response.
 
     Args:
@@ -76,18 +79,24 @@ async def serve_projected(request: web.Request, reader: Reader, writer: Projecte
         page: The first page of stored history (from seq 1).
         known_top: The stream's stored top when the request began (a shorter history is a gap).
         headers: The response headers (status 200).
+        cacheable: The response carries a finished stream's ``ETag`` (:mod:`publisher.api.caching`):
+            one cut short by a storage error is aborted, not ended, so no cache keeps a partial body.
     """
     response = web.StreamResponse(status=200, headers=headers)
     await response.prepare(request)
     session = ProjectedSession(request, response, reader, writer, known_top)
     try:
         if not await session.replay(page):
+            if held := writer.live():
+                await session.write(held)
             await session.live()
         await response.write_eof()
     except ConnectionError:
         pass  # the client left or was dropped
     except REDIS_ERRORS as exc:  # headers are sent: end the body; the client reconnects
         log.warning("%s: storage error mid-response: %s", reader.stream_id, exc)
+        if cacheable:
+            drop(request)
     return response
 
 

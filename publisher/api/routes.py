@@ -14,6 +14,7 @@ from typing import Final
 from aiohttp import web
 
 from publisher.api.agui_stream import stream_agui
+from publisher.api.description import api_description, root
 from publisher.api.durable import refuse_write, stream_durable, stream_head
 from publisher.api.events import stream_events
 from publisher.api.readiness import healthz, readyz
@@ -42,6 +43,8 @@ ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("POST", "/v1/streams/{stream_id}/tokens", mint_token),
     ("GET", "/healthz", healthz),
     ("GET", "/readyz", readyz),
+    ("GET", "/openapi.json", api_description),
+    ("GET", "/", root),
 )
 """(method, path template, handler) of every API route."""
 

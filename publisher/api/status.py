@@ -4,7 +4,8 @@ The result is the reducer's (schema.reducer) over the stored events the reader m
 a ``public`` reader's result has no internal reasoning block. It is assembled once per
 stream, projection and epoch, shared by concurrent requests and kept
 (:mod:`publisher.api.status_cache`); a credential has at most ``FANOUT_MAX_STATUS_READS_PER_*``
-requests in flight (:mod:`publisher.api.fair_share`, 429 past it). Cancel follows the
+requests in flight and makes at most ``FANOUT_STATUS_READ_RATE_PER_*`` a second
+(:mod:`publisher.api.fair_share`, 429 past either). Cancel follows the
 protocol of :mod:`schema.keys`: ``SET`` the cancel flag, then ``PUBLISH`` the stream id
 on the cancels channel (two plain commands); the owning worker ends the stream ``cancelled``.
 
@@ -22,6 +23,7 @@ import msgspec
 from aiohttp import web
 
 from publisher.api.auth import authorize_read, require_api_key
+from publisher.api.caching import NO_STORE, freshness
 from publisher.api.limits import path_stream_id
 from publisher.api.problems import FieldError, ProblemError
 from publisher.api.status_cache import Snapshot
@@ -37,14 +39,15 @@ _encoder: Final = msgspec.json.Encoder()
 _NULL_END: Final = b"null}"
 
 
-async def send_json(request: web.Request, parts: list[bytes]) -> web.StreamResponse:
+async def send_json(request: web.Request, parts: list[bytes],
+                    headers: dict[str, str] | None = None) -> web.StreamResponse:
     """Write a ``200`` JSON body made of ``parts`` now, within ``FANOUT_WRITE_TIMEOUT_S`` (else drop the connection).
 
     The parts are written as they are (a kept result is not copied into each response),
     and before the handler returns, so the request's place under its credential is held
-    until its body is out: a client that stops reading holds its place.
+    until its body is out: a client that stops reading holds its place. ``headers`` are added.
     """
-    response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8"})
+    response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8", **(headers or {})})
     response.content_length = sum(len(part) for part in parts)
     try:
         async with asyncio.timeout(request.app[SETTINGS].write_timeout_s):
@@ -72,23 +75,33 @@ async def stream_status(request: web.Request) -> web.StreamResponse:
     Meta is read before the events, so a stream whose terminal event was stored between the two reads
     as ``done`` with the result's status and the last seq read.
 
+    A finished stream's document is immutable: it carries a strong ``ETag`` and
+    ``Cache-Control: private, max-age=<remaining TTL>``, and ``If-None-Match`` gets ``304``
+    without an event read (:mod:`publisher.api.caching`); any other is ``no-store``.
+
     Raises:
         ProblemError: 401/403 (credentials), 404 (unknown stream), 429 (the credential's
-            ``FANOUT_MAX_STATUS_READS_PER_*`` requests are in flight).
+            ``FANOUT_MAX_STATUS_READS_PER_*`` requests are in flight, or its
+            ``FANOUT_STATUS_READ_RATE_PER_*`` bucket is empty).
     """
     stream_id = path_stream_id(request)
     scope = authorize_read(request, stream_id)
     held = _held_epoch(request)
-    claim = request.app[FAIR_SHARES].claim(request, "status")
+    claim = request.app[FAIR_SHARES].claim(request, "status", paced=True)
     try:
-        return await send_json(request, await _status_body(request, stream_id, scope, held))
+        info = await request.app[STORE].info(stream_id)
+        fresh = await freshness(request, stream_id, info, "status", (scope, held))
+        if fresh is not None and fresh.matches(request):
+            return fresh.not_modified()
+        headers = fresh.headers if fresh is not None else {"Cache-Control": NO_STORE}
+        return await send_json(request, await _status_body(request, stream_id, scope, held, info), headers)
     finally:
         claim.release()
 
 
-async def _status_body(request: web.Request, stream_id: str, scope: Scope, held: str | None) -> list[bytes]:
+async def _status_body(request: web.Request, stream_id: str, scope: Scope, held: str | None,
+                       info: StreamInfo) -> list[bytes]:
     """Return the status document in parts: the fields, then the kept result's JSON as it is, then ``}``."""
-    info = await request.app[STORE].info(stream_id)
     if not info.known:
         if not info.tomb:
             raise ProblemError("not-found", f"no stream {stream_id}")

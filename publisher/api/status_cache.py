@@ -52,6 +52,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The events read ran 1, 2, ... without a hole."""
     read_seq: int
     """The last seq read (0: none)."""
+    ts_ms: int = 0
+    """``ts`` of the last event the result includes, ms since the Unix epoch (0: none)."""
     endpoint: str | None = None
     """The result's ``endpoint``: the upstreams-file endpoint that answered (contract 1.1), if any."""
 
@@ -60,14 +62,14 @@ class _Assembly:
     """One stream's result for one projection, advanced as its stored events grow."""
 
     __slots__ = ("applied", "assembler", "counted", "internal", "lock", "read_seq", "scope", "size", "snapshot",
-                 "stream_id", "whole")
+                 "stream_id", "ts_ms", "whole")
 
     def __init__(self, stream_id: str, scope: Scope) -> None:
         self.stream_id, self.scope = stream_id, scope
         self.assembler: Assembler | None = Assembler(stream_id)
         self.internal: set[int] = set()
         self.lock = asyncio.Lock()
-        self.read_seq, self.whole, self.applied = 0, True, 0
+        self.read_seq, self.whole, self.applied, self.ts_ms = 0, True, 0, 0
         self.size, self.counted = ENTRY_BYTES, 0
         """Estimated memory, bytes; and how much of it the cache's total counts (0 once let go)."""
         self.snapshot: Snapshot | None = None
@@ -89,6 +91,7 @@ class _Assembly:
         if event is not None and visible(event, self.scope, self.internal):
             self.assembler.apply(event)
             self.applied += 1
+            self.ts_ms = event.ts
 
     def seal(self) -> None:
         """Take the result of every event applied so far; a finished one lets its reducer state go."""
@@ -96,7 +99,7 @@ class _Assembly:
         result = self.assembler.result()
         body = msgspec.json.encode(result)
         self.snapshot = Snapshot(body=body, status=result.status, whole=self.whole, read_seq=self.read_seq,
-                                 endpoint=result.endpoint)
+                                 ts_ms=self.ts_ms, endpoint=result.endpoint)
         if result.status != "running":
             self.assembler = None
         self.size = ENTRY_BYTES + len(body) + (self.applied * EVENT_BYTES if self.assembler is not None else 0)

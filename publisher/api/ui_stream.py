@@ -4,12 +4,16 @@ Same tokens and auth as ``/events`` (:func:`publisher.api.auth.authorize_read`);
 are :mod:`publisher.wire.ui_chunks`' translation of the events the token may see. Every
 request replays the stream from its first event (what the SDK's resume expects: it
 rebuilds the message from the start), then serves live events as they are stored, and
-ends with ``data: [DONE]`` after the terminal event.
+ends with ``data: [DONE]`` after the terminal event. The replay joins each block's deltas
+into one (:class:`~publisher.wire.ui_join.DeltaJoiner`): a resumed ``useChat`` gets each
+block's text so far in one delta; live deltas follow one by one. A finished stream's
+response is cacheable (:mod:`publisher.api.caching`: ``ETag``, ``304``).
 
 ==========================================================  ======================
 situation                                                   answer
 ==========================================================  ======================
 no meta, no events, no tombstone                            404 ``not-found``
+ended, ``If-None-Match`` names the response's ``ETag``      304
 ``?resume=1`` and the stream ended (or only its tombstone)  204: nothing to resume
 the credential holds its open streams (fair share)          429 ``too-many-requests``
 events expired (tombstone only), no ``resume``              410 ``history-expired``
@@ -41,6 +45,7 @@ from typing import Final
 from aiohttp import web
 
 from publisher.api.auth import authorize_read
+from publisher.api.caching import freshness
 from publisher.api.limits import path_stream_id
 from publisher.api.positions import check_first_page, reader_epoch
 from publisher.api.problems import ProblemError
@@ -50,16 +55,17 @@ from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE
 from publisher.wire.ui_chunks import DONE_LINE, UIMessageTranslator, chunk_frame
+from publisher.wire.ui_join import DeltaJoiner
 from schema.contract import decode_event
 from schema.errors import InternalError
 
 UI_HEADERS: Final = {
     "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache, no-transform",
+    "Cache-Control": "no-store, no-transform",
     "X-Vercel-AI-UI-Message-Stream": "v1",
     "X-Accel-Buffering": "no",
 }
-"""The UI message stream's response headers (the SDK's ``UI_MESSAGE_STREAM_HEADERS``)."""
+"""The SDK's ``UI_MESSAGE_STREAM_HEADERS``, but ``no-store`` (finished streams: :mod:`publisher.api.caching`)."""
 
 async def stream_ui(request: web.Request) -> web.StreamResponse:
     """Serve one stream as a UI message stream (see the module table for every non-200 answer).
@@ -98,6 +104,9 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, *, resume:
     if not info.known:
         raise ProblemError("history-expired", "the stream ended and its events expired",
                            extensions={"last_seq": info.tomb_last_seq})
+    fresh = await freshness(request, stream_id, info, "ui", (scope,), extra="no-transform")
+    if fresh is not None and fresh.matches(request):
+        return fresh.not_modified()
     reader = Reader(stream_id, 0, request.app[SETTINGS].client_queue, lambda: drop(request),
                     epoch=reader_epoch(info))
     hub = request.app[HUB]
@@ -105,8 +114,9 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, *, resume:
         await hub.join(reader)
         page = await request.app[STORE].read_after(stream_id, 0)
         await check_first_page(request, info, page, reader)
-        return await serve_projected(request, reader, UIWriter(Projection(scope)), page, info.last_seq,
-                                     headers=UI_HEADERS)
+        writer = UIWriter(Projection(scope), request.app[SETTINGS].ui_join_max_chars)
+        return await serve_projected(request, reader, writer, page, info.last_seq,
+                                     headers=UI_HEADERS | (fresh.headers if fresh else {}), cacheable=bool(fresh))
     finally:
         hub.leave(reader)
 
@@ -114,13 +124,24 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, *, resume:
 class UIWriter:
     """Turns stored entries into UI chunk bytes for one response.
 
+    While the history is replayed, the deltas of a run are joined per block
+    (:class:`~publisher.wire.ui_join.DeltaJoiner`); live events after :meth:`live` are
+    sent one chunk each.
+
     Args:
         projection: What the reader may see (internal reasoning left out of public tokens).
+        join_max_chars: Most replayed text held for joining (``FANOUT_UI_JOIN_MAX_CHARS``).
     """
 
-    def __init__(self, projection: Projection) -> None:
+    def __init__(self, projection: Projection, join_max_chars: int) -> None:
         self.projection = projection
         self.translator = UIMessageTranslator()
+        self.joiner: DeltaJoiner | None = DeltaJoiner(join_max_chars)
+
+    def live(self) -> bytes:
+        """Return the deltas held from the replay, joined; from now on every delta is sent as it comes."""
+        chunks, self.joiner = self.joiner.flush() if self.joiner is not None else [], None
+        return b"".join(chunk_frame(chunk) for chunk in chunks)
 
     @property
     def finished(self) -> bool:
@@ -136,7 +157,10 @@ class UIWriter:
             event = decode_event(entry_json(entry))
             if event is None:
                 continue
-            out += [chunk_frame(chunk) for chunk in self.translator.feed(event)]
+            chunks = self.translator.feed(event)
+            if self.joiner is not None:
+                chunks = self.joiner.feed(chunks)
+            out += [chunk_frame(chunk) for chunk in chunks]
             if self.translator.finished:
                 out.append(DONE_LINE)
                 break

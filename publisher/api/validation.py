@@ -105,17 +105,46 @@ CHECKS: Final[dict[str, tuple[bool, Callable[[Any], str | None]]]] = {
 def _request_errors(body: dict[str, Any]) -> list[FieldError]:
     """Check the parts of a provider-native ``request`` the worker itself builds on.
 
-    ``openai_chat``: ``stream_options``, when present and not null, must be an object
-    (the worker adds ``include_usage`` to it; OpenAI's API reference, Chat Completions).
+    ``request.model``, when present, must equal the top-level ``model`` (the worker sends
+    the top-level one: a different value would be silently overridden); ``request.stream``,
+    when present, must be ``true`` (every job streams). ``openai_chat``: ``stream_options``,
+    when present and not null, must be an object (the worker adds ``include_usage`` to it;
+    OpenAI's API reference, Chat Completions).
     """
     request = body.get("request")
-    if body.get("provider") != "openai_chat" or not isinstance(request, dict):
+    if not isinstance(request, dict):
         return []
+    errors = _switch_errors(body, request)
     options = request.get("stream_options")
-    if options is None or isinstance(options, dict):
-        return []
-    return [FieldError(field="request.stream_options",
-                       detail='must be a JSON object (or absent), such as {"include_usage": true}')]
+    if body.get("provider") == "openai_chat" and options is not None and not isinstance(options, dict):
+        errors.append(FieldError(field="request.stream_options",
+                                 detail='must be a JSON object (or absent), such as {"include_usage": true}'))
+    return errors
+
+
+def _switch_errors(body: dict[str, Any], request: dict[str, Any]) -> list[FieldError]:
+    """Return the problems of ``request.model`` and ``request.stream`` (see :func:`_request_errors`)."""
+    errors: list[FieldError] = []
+    if "model" in request and "model" in body and request["model"] != body["model"]:
+        errors.append(FieldError(field="request.model", detail=(
+            f"{_shown(request['model'])} disagrees with the top-level model {_shown(body['model'])}: the worker "
+            "sends the top-level model; leave request.model out or make it equal")))
+    if "stream" in request and request["stream"] is not True:
+        errors.append(FieldError(field="request.stream", detail=(
+            f"is {_shown(request['stream'])}, but fanout always streams from the provider: leave request.stream "
+            "out (or true); to get one answer at the end, read GET /v1/streams/{id} or fanout tail --result")))
+    return errors
+
+
+def _shown(value: Any) -> str:
+    """Return ``value`` as short JSON for a message (at most 60 characters)."""
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+MODEL_IN_REQUEST: Final = ("is required at the top level of the body, beside provider and request "
+                           '(found only request.model: move it out, {"provider": ..., "model": ..., "request": {...}})')
+"""``detail`` for a missing ``model`` when the body has ``request.model``: where ``model`` goes."""
 
 
 def field_errors(body: dict[str, Any]) -> list[FieldError]:
@@ -124,10 +153,17 @@ def field_errors(body: dict[str, Any]) -> list[FieldError]:
     for name, (required, check) in CHECKS.items():
         if name not in body:
             if required:
-                errors.append(FieldError(field=name, detail="is required"))
+                errors.append(FieldError(field=name, detail=_missing(name, body)))
         elif (problem := check(body[name])) is not None:
             errors.append(FieldError(field=name, detail=problem))
     return errors + _request_errors(body)
+
+
+def _missing(name: str, body: dict[str, Any]) -> str:
+    request = body.get("request")
+    if name == "model" and isinstance(request, dict) and "model" in request:
+        return MODEL_IN_REQUEST
+    return "is required"
 
 
 def check_route(upstreams: Upstreams, sub: Submission) -> None:

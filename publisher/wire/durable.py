@@ -62,8 +62,8 @@ MAX_JITTER_S: Final = 3600
 """Most jitter added to a cursor the client already holds, seconds (section 10.1)."""
 
 _EPOCH: Final = EPOCH_PATTERN.strip("^$")
-_OFFSET: Final = re.compile(rf"(\d{{{OFFSET_DIGITS}}})(?:\.({_EPOCH}))?")
-_CURSOR: Final = re.compile(rf"\d{{1,{MAX_CURSOR_DIGITS}}}")
+_OFFSET: Final = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})(?:\.({_EPOCH}))?")
+_CURSOR: Final = re.compile(rf"[0-9]{{1,{MAX_CURSOR_DIGITS}}}")
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -101,8 +101,8 @@ def parse_offset(raw: str) -> Offset | Literal["now"]:
         ``"now"`` for the tail sentinel; else the position (``-1`` is seq 0, no epoch).
 
     Raises:
-        OffsetError: Anything else (empty, other characters, another length): the
-            protocol's ``400 Bad Request`` for a malformed offset.
+        OffsetError: Anything else (empty, other characters, non-ASCII digits, another
+            length): the protocol's ``400 Bad Request`` for a malformed offset.
     """
     if raw == NOW:
         return NOW
@@ -206,3 +206,17 @@ def entity_tag(scope: str, start: str, state: ReadState) -> str:
     ``:c`` suffix makes the tag change when the stream closes (section 10.1).
     """
     return f'"{scope}:{start}:{state.next_offset}{":c" if state.closed else ""}"'
+
+
+def none_match(header: str | None, tag: str) -> bool:
+    """Return whether an ``If-None-Match`` header names ``tag`` (the answer is then ``304``).
+
+    RFC 9110, section 13.1.2: ``*`` matches any current representation; otherwise the
+    header is a comma-separated list of entity tags, compared weakly (a ``W/`` prefix,
+    which a proxy adds when it transforms a body, is ignored on both sides).
+    """
+    if header is None:
+        return False
+    if header.strip() == "*":
+        return True
+    return tag.removeprefix("W/") in (part.strip().removeprefix("W/") for part in header.split(","))

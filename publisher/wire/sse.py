@@ -13,10 +13,11 @@ import msgspec
 
 SSE_HEADERS: Final = {
     "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache, no-transform",
+    "Cache-Control": "no-store, no-transform",
     "X-Accel-Buffering": "no",
 }
-"""Headers of every event-stream response: no cache, no proxy transform or buffering."""
+"""Headers of every event-stream response: not stored (a finished stream's say otherwise:
+:mod:`publisher.api.caching`), no proxy transform or buffering."""
 
 PING: Final = b": ping\n\n"
 """Heartbeat comment: never stored, never numbered, ignored by every SSE parser."""

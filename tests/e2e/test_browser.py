@@ -78,7 +78,7 @@ def transcripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(single_redis_url: str, transcripts: Path) -> Iterator[LocalStack]:
-    with LocalStack(single_redis_url, workers=2, delay_ms=120, chunk_bytes=48, slow_delay_ms=200,
+    with LocalStack(single_redis_url, workers=2, delay_ms=120, chunk_bytes=48, slow_delay_ms=200, slow_pacing="chunk",
                     env={"FANOUT_TRANSCRIPTS_DIR": str(transcripts)}) as running:
         yield running
 
@@ -221,10 +221,9 @@ async def test_model_html_is_shown_as_text_never_inserted_or_executed(stack: Loc
 
 async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalStack, browser: Any) -> None:
     provider, directory, case = CASE
-    stream_id, token = await submit(stack, provider, case)
     async with CuttingProxy(stack.publisher_port, cut_after_events=4) as proxy:
-        page = await new_page(browser)
-        await page.goto(f"http://127.0.0.1:{proxy.port}/demo?stream_id={stream_id}&token={token}")
+        page = await new_page(browser)  # started from the form: its history, event by event (no snapshot)
+        await start_from_page(page, f"http://127.0.0.1:{proxy.port}", provider, case)
         state = await finished_state(page)
         body_text = await page.inner_text("#blocks")
     event_requests = [r for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
@@ -243,6 +242,52 @@ async def test_page_resumes_after_network_cut_with_last_event_id(stack: LocalSta
     assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
     for text in golden_blocks(directory, case):
         assert text.splitlines()[0] in body_text
+
+
+async def test_a_finished_stream_opened_by_link_arrives_as_one_snapshot(stack: LocalStack, browser: Any) -> None:
+    provider, directory, case = MARKDOWN_CASE
+    stream_id, token = await submit(stack, provider, case)
+    await finished_state(await _opened(browser, stack, stream_id, token))  # let it finish, read once
+    async with CuttingProxy(stack.publisher_port, cut_after_events=0) as proxy:   # records requests only
+        page = await new_page(browser)
+        await page.goto(f"http://127.0.0.1:{proxy.port}/demo?stream_id={stream_id}&token={token}")
+        state = await finished_state(page)
+        log = await page.locator("#log li").all_text_contents()
+    event_requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
+    assert len(event_requests) == 1, event_requests
+    assert "snapshot=1" in event_requests[0]
+    assert state["status"] == "completed"
+    assert state["texts"] == golden_blocks(directory, case)
+    assert state["events"] == state["lastSeq"]
+    blocks = len(state["texts"])
+    assert log == ["connection 1 open", f"seq {state['lastSeq']} stream.snapshot: {blocks} blocks, completed"]
+    assert await page.inner_text(".block[data-kind='reasoning'] .body strong") == "Planning the lookup"
+    assert '"city": "Zürich"' in await page.inner_text(".block[data-kind='tool_call'] .args")
+    assert page.errors == []
+
+
+async def test_a_running_stream_opened_by_link_gets_a_snapshot_then_its_live_events(stack: LocalStack,
+                                                                                    browser: Any) -> None:
+    provider, directory, case = CASE
+    stream_id, token = await submit(stack, provider, "slow-" + case)
+    first = await _opened(browser, stack, stream_id, token)
+    await first.wait_for_function("window.fanoutDemo.state.lastSeq >= 4", timeout=30_000)
+    page = await _opened(browser, stack, stream_id, token)  # a second tab, joining late
+    state = await finished_state(page)
+    log = await page.locator("#log li").all_text_contents()
+    seq, kind = log[1].split()[1:3]
+    assert kind == "stream.snapshot:", log
+    assert int(seq) >= 4  # the late joiner got what was stored in one message
+    assert state["status"] == "completed"
+    assert state["texts"] == golden_blocks(directory, case)
+    assert state["events"] == state["lastSeq"], "an event was applied twice or skipped"
+    assert page.errors == []
+
+
+async def _opened(browser: Any, stack: LocalStack, stream_id: str, token: str) -> Any:
+    page = await new_page(browser)
+    await page.goto(f"{stack.base_url}/demo?stream_id={stream_id}&token={token}")
+    return page
 
 
 async def test_drop_button_resumes_a_stream_opened_by_link(stack: LocalStack, browser: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import msgspec
 import pytest
 
 from fanout_client import FanoutClient, PublisherUnreachableError, StreamUnavailableError
-from fanout_client.client import _backoff_s
+from fanout_client.reconnect import backoff_s
 from schema.contract import StreamDone, is_terminal, parse_event_id
 from schema.reducer import reduce
 from schema.validate import validate
@@ -131,9 +132,9 @@ async def test_client_says_the_base_url_must_not_end_in_v1(stack: LocalStack) ->
 
 
 def test_backoff_honours_retry_hint_then_grows_with_jitter() -> None:
-    assert _backoff_s(200, 1) == 0.2
-    assert 0.2 <= _backoff_s(200, 2) <= 0.4
-    assert _backoff_s(200, 30) <= 30.0
+    assert backoff_s(200, 1) == 0.2
+    assert 0.2 <= backoff_s(200, 2) <= 0.4
+    assert backoff_s(200, 30) <= 30.0
 
 
 def _fanout(stack: LocalStack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -156,6 +157,24 @@ def test_submit_follow_prints_every_event_then_tail_result_assembles(stack: Loca
     tail = _fanout(stack, "tail", submission["stream_id"], "--result")
     assert tail.returncode == 0, tail.stderr
     result = json.loads(tail.stdout)
+    assert {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden(directory, case)
+
+
+async def test_tail_result_reads_a_snapshot_not_the_history(stack: LocalStack) -> None:
+    provider, directory, case = CASE
+    done = _fanout(stack, "submit", "--provider", provider, "--model", case, "--request", "-", "--follow",
+                   stdin="{}")
+    stream_id = json.loads(done.stdout.splitlines()[0])["stream_id"]
+    async with CuttingProxy(stack.publisher_port, cut_after_events=0) as proxy:   # records requests only
+        env = {**os.environ, "FANOUT_URL": f"http://127.0.0.1:{proxy.port}", "FANOUT_API_KEY": stack.api_key}
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "fanout_cli", "tail", stream_id, "--result",
+                                                    env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    requests = [r.split("\r\n", 1)[0] for r in proxy.requests if "/events" in r.split("\r\n", 1)[0]]
+    assert len(requests) == 1, requests
+    assert "snapshot=1" in requests[0]
+    result = json.loads(out)
     assert {k: result[k] for k in ("status", "finish_reason", "blocks", "usage")} == golden(directory, case)
 
 

@@ -116,7 +116,7 @@ class Stack:
 
     def __init__(self, server: RedisServer) -> None:
         self.server = server
-        self.local = LocalStack(server.url, workers=2, chunk_bytes=192, slow_delay_ms=150, env=ENV)
+        self.local = LocalStack(server.url, workers=2, chunk_bytes=192, slow_delay_ms=150, slow_pacing="chunk", env=ENV)
         self.local.api_key = API_KEY
         settings = {k: v for k, v in ENV.items() if not k.startswith(("FANOUT_API", "FANOUT_TOKEN"))}
         self.second = PublisherProcess(server.url, self.local.prefix, **settings)

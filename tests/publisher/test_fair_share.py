@@ -188,6 +188,26 @@ async def test_status_requests_in_flight_per_credential_at_the_limit_and_one_pas
     assert server.app[FAIR_SHARES].held("status") == 0
 
 
+async def test_a_status_request_refused_for_its_place_takes_nothing_from_the_pace(ctx, gated_server):
+    # 0.01 a second: the bucket refills nothing that matters while the test runs, with no hand clock
+    server, gate = await gated_server(max_status_reads_per_token=1, status_read_burst_per_token=2,
+                                      status_read_rate_per_token=0.01)
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 3))
+    url, token = server.url(f"/v1/streams/{ctx.sid}"), token_for(ctx.sid)
+    in_flight = asyncio.create_task(ctx.http.get(url, headers=bearer(token)))  # takes 1 of 2
+    await eventually(lambda: server.app[FAIR_SHARES].held("status") == 1)
+    async with ctx.http.get(url, headers=bearer(token)) as resp:  # refused for its place, before the bucket
+        assert "FANOUT_MAX_STATUS_READS_PER_TOKEN" in (await resp.json())["detail"]
+    gate.release.set()
+    async with await in_flight as resp:
+        assert resp.status == 200
+    async with ctx.http.get(url, headers=bearer(token)) as resp:
+        assert resp.status == 200  # the second of 2: the refusal took none
+    async with ctx.http.get(url, headers=bearer(token)) as resp:
+        assert resp.status == 429
+        assert "FANOUT_STATUS_READ_BURST_PER_TOKEN" in (await resp.json())["detail"]
+
+
 async def test_readyz_in_flight_per_address_at_the_limit_and_one_past_whatever_credential_it_carries(ctx, gated_server):
     server, gate = await gated_server(max_status_reads_per_address=2, share_retry_after_s=2)
     url = server.url("/readyz")

@@ -76,6 +76,8 @@ async def _every_value(redis: Any, prefix: str) -> list[bytes]:
                     out += list(await node.smembers(key))
                 elif kind == "list":
                     out += list(await node.lrange(key, 0, -1))
+                elif kind == "zset":  # P:compact: finished streams awaiting compaction
+                    out += list(await node.zrange(key, 0, -1))
                 else:
                     raise AssertionError(f"unexpected key type {kind} of {key!r}")
         finally:

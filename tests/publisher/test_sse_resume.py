@@ -46,7 +46,7 @@ async def test_sse_headers_retry_hint_and_frames(ctx):
     async with await get_events(ctx.http, ctx.server, ctx.sid) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
-        assert resp.headers["Cache-Control"] == "no-cache, no-transform"
+        assert resp.headers["Cache-Control"] == "private, max-age=86400, no-transform"  # finished: caching.py
         assert resp.headers["X-Accel-Buffering"] == "no"
         assert "Content-Encoding" not in resp.headers
         body = (await asyncio.wait_for(resp.read(), GUARD_S)).decode()

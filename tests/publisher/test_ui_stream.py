@@ -54,7 +54,8 @@ async def test_ui_replays_a_finished_stream_with_the_sdk_headers_and_done(ctx: C
         assert response.headers["Content-Type"].startswith("text/event-stream")
         chunks = chunks_of(await response.text())
     assert [c if c == "[DONE]" else c["type"] for c in chunks] == [
-        "start", "start-step", "text-start", "text-delta", "text-delta", "text-end", "finish-step", "finish", "[DONE]"]
+        "start", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish", "[DONE]"]
+    assert chunks[3]["delta"] == "t0 t1 "  # the replay joins a block's deltas into one
     assert chunks[0]["messageId"] == ctx.sid
     assert chunks[-2]["finishReason"] == "stop"
     assert chunks[-2]["messageMetadata"]["fanout"]["status"] == "completed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gzip
 import itertools
@@ -15,7 +16,8 @@ import msgspec
 import pytest
 
 from tests.worker.support import GUARD_S, fake_upstream
-from tools.upstream import DEFAULT_ROOTS, GARBAGE_BYTES, ServerConfig, garbage_body
+from tools.pacing import provider_events
+from tools.upstream import DEFAULT_ROOTS, GARBAGE_BYTES, ServerConfig, add_arguments, garbage_body
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = DEFAULT_ROOTS[1]
@@ -95,16 +97,27 @@ async def test_pings_model_sends_only_keepalives() -> None:
     assert all(f == b'event: ping\ndata: {"type":"ping"}' for f in frames[:3])
 
 
-async def test_slow_model_pauses_between_chunks() -> None:
-    config = ServerConfig(chunk_bytes=400, delay_ms=1, slow_delay_ms=150)
+async def test_slow_model_sends_one_provider_event_at_a_time_with_a_pause_between() -> None:
+    config = ServerConfig(chunk_bytes=40, delay_ms=1, slow_delay_ms=150, slow_pacing="event")
+    body = (CASES / "anthropic" / "simple_text_ping_and_padding.sse").read_bytes()
     async with fake_upstream(config) as (base, _state), aiohttp.ClientSession() as s:
         response = await _post(s, base, "anthropic", "slow-simple_text_ping_and_padding")
-        arrivals = []
-        while await response.content.readany():
+        reads, arrivals = [], []
+        while chunk := await response.content.readany():
+            reads.append(chunk)
             arrivals.append(time.monotonic())
         response.release()
-    assert len(arrivals) >= 3
+    assert reads == provider_events(body, json_array=False)  # not 40-byte chunks
+    assert len(reads) >= 3
     assert min(b - a for a, b in itertools.pairwise(arrivals)) >= 0.1
+
+
+def test_the_command_paces_slow_cases_per_event_unless_told_chunk() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, "upstream")
+    assert parser.parse_args([]).slow_pacing == "event"
+    assert parser.parse_args(["--slow-pacing", "chunk"]).slow_pacing == "chunk"
+    assert ServerConfig().slow_pacing == "chunk"  # what the tests' timings are tuned with
 
 
 async def test_requests_are_recorded_with_secrets_masked_and_cleared() -> None:

@@ -21,7 +21,7 @@ from schema.job import Provider
 from tools.upstream import DEFAULT_ROOTS, case_names
 
 SLOW_PREFIX: Final = "slow-"
-"""Model prefix that makes the fake upstream pause ``--slow-delay-ms`` between chunks."""
+"""Model prefix that makes the fake upstream pause ``--slow-delay-ms`` between provider events."""
 _INDEX_ROW: Final = re.compile(r"^\|\s*`?([A-Za-z0-9_.-]+)\.sse`?\s*\|(.*)\|([^|]*)\|\s*$")
 
 

@@ -42,6 +42,7 @@ DEMO_PAGE: Final = STATIC / "demo.html"
 """The page: a form that starts a stream, native EventSource, blocks by index, Drop and resume."""
 ASSETS: Final[dict[str, Path]] = {
     "demo.js": STATIC / "demo.js",
+    "compare.js": STATIC / "compare.js",
     "demo.css": STATIC / "demo.css",
     "marked.umd.js": STATIC / "vendor" / "marked.umd.js",
     "purify.min.js": STATIC / "vendor" / "purify.min.js",

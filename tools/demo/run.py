@@ -180,6 +180,9 @@ def _run_stack(args: argparse.Namespace, stack: LocalStack, url: str, source: st
 def _demo_on(args: argparse.Namespace, stack: LocalStack, url: str, source: str) -> int:
     """Run the demo streams on the started ``stack``; with ``--keep-running`` wait for Ctrl-C after."""
     sys.stdout.write(f"started upstream, 2 workers and a publisher ({stack.base_url})\n")
+    stack.keep_logs = stack.keep_logs or args.keep_running
+    kept = "kept" if args.keep_running else "removed when the demo ends well, kept when not"
+    sys.stdout.write(f"processes (logs {kept}):\n{stack.where()}\n")
     if args.keep_running:
         sys.stdout.write(announcement(stack, url, source) + "\n")
         sys.stdout.flush()

@@ -7,6 +7,9 @@
 // with Last-Event-ID. A stream written again as another generation (a stream.gap with reason
 // history-reset, or a 410 history-reset) is shown again from its start: never the old answer's
 // first half glued to the new one's second half.
+// A stream (re)loaded by link, or shown again after a reset, is read with ?snapshot=1: one
+// stream.snapshot message carries its assembled state (every block's text so far), then the events
+// after it follow; state.events counts the seqs held, whether applied one by one or by a snapshot.
 // Text, reasoning and refusals render as Markdown (marked), sanitized by DOMPurify; raw HTML from a
 // model is shown as text, never parsed. The DOM is rendered at most once per animation frame.
 
@@ -19,6 +22,7 @@ const blocks = new Map();   // index -> {kind, text, signature, open, name, call
 const state = {
   streamId: null, token: null, status: "idle", lastSeq: null, lastId: null, events: 0, renders: 0, connections: 0,
   terminal: null, finish: null, error: null, usage: null, resumes: [], log: [], dirty: new Set(), scheduled: false,
+  reason: "",   // why the page cannot follow the stream (unknown stream, refused token, no token), shown by the status
 };
 let source = null;          // the EventSource in use; events of any other are ignored
 let pendingResume = null;   // seq held when the next connection opens as a resume
@@ -98,6 +102,7 @@ function render() {
   $("resumed").textContent = resets ? `${resumed}${resumed ? " · " : ""}history reset ${resets}×, shown from its start` : resumed;
   $("drop").disabled = !source || Boolean(state.terminal);
   $("outcome").textContent = outcome();
+  $("reason").textContent = state.reason; $("reason").hidden = !state.reason;
   const log = $("log");
   for (let i = log.children.length; i < state.log.length; i += 1) log.appendChild(document.createElement("li")).textContent = state.log[i];
 }
@@ -137,12 +142,34 @@ function apply(ev) {
   scheduleRender(index);
 }
 
+function applySnapshot(snap) {
+  blocks.clear(); $("blocks").replaceChildren();
+  const running = snap.result.status === "running";
+  for (const b of snap.result.blocks) {
+    const tool = b.kind === "tool_call";
+    const entry = { kind: b.kind, text: tool ? b.arguments_text : b.text, signature: b.signature ?? "", redacted: Boolean(b.redacted),
+                    open: running && !(tool && b.closed), name: b.name, callId: b.call_id };
+    if (tool && b.closed) { try { entry.parsed = entry.text.trim() ? JSON.parse(entry.text) : {}; } catch { entry.parsed = undefined; } }
+    if (!running && tool && !b.closed) entry.cut = true;
+    blocks.set(b.index, entry); state.dirty.add(b.index);
+  }
+  note(`seq ${snap.seq} stream.snapshot: ${snap.result.blocks.length} blocks, ${snap.result.status}`);
+  if (!running) {
+    const r = snap.result;
+    state.status = r.status; state.terminal = r.status; state.usage = r.usage ?? null;
+    state.finish = r.finish_reason ?? null; state.error = r.error ?? null;
+    source.close(); source = null;
+  }
+  scheduleRender();
+}
+
 function eventsUrl() {
   return `/v1/streams/${encodeURIComponent(state.streamId)}/events?token=${encodeURIComponent(state.token)}`;
 }
 
-function connect(resumeFrom) {
-  const url = resumeFrom === null ? eventsUrl() : `${eventsUrl()}&last_event_id=${encodeURIComponent(resumeFrom)}`;
+function connect(resumeFrom, snapshot = false) {
+  const url = resumeFrom === null ? `${eventsUrl()}${snapshot ? "&snapshot=1" : ""}`
+                                  : `${eventsUrl()}&last_event_id=${encodeURIComponent(resumeFrom)}`;
   const src = new EventSource(url);
   source = src;
   pendingResume = resumeFrom === null ? null : state.lastSeq;
@@ -163,6 +190,12 @@ function connect(resumeFrom) {
     apply(ev);
   };
   for (const type of EVENT_TYPES) src.addEventListener(type, onEvent);
+  src.addEventListener("stream.snapshot", (msg) => {   // the state up to its seq, replacing what is shown
+    if (src !== source) return;
+    const snap = JSON.parse(msg.data);
+    state.lastSeq = snap.seq; state.lastId = msg.lastEventId || String(snap.seq); state.events = snap.seq;
+    applySnapshot(snap);
+  });
   src.addEventListener("stream.gap", (msg) => {
     if (src !== source) return;
     src.close(); source = null;
@@ -184,17 +217,34 @@ function connect(resumeFrom) {
 // EventSource gives up on any answer but a 200 event stream without saying which: ask the same URL
 // once more for its problem document, and say why (or start again on a history-reset).
 async function refused(url) {
-  let problem = null;
+  let problem = null, unreachable = false;
   try {
     const resp = await fetch(url.replace(/last_event_id=[^&]*/, `last_event_id=${encodeURIComponent(state.lastId ?? "")}`));
-    problem = resp.status === 200 ? null : await resp.json();
+    problem = resp.status === 200 ? null : await resp.json().catch(() => null);
     if (resp.status === 200) resp.body?.cancel();
-  } catch { problem = null; }
+  } catch { unreachable = true; }
   const kind = (problem?.type ?? "").split("/").pop();
   if (kind === "history-reset") { restart(); return; }
-  state.status = "closed";
+  if (unreachable) cannotFollow("unreachable", "The publisher does not answer: is the demo stack still running?");
+  else cannotFollow(...(REFUSALS[kind] ?? ["closed", problem ? `${problem.title}: ${problem.detail}`
+                                                               : "the publisher refused the connection and did not say why"]));
   note(problem ? `the publisher refused the connection: ${problem.title} (${problem.detail})`
                : "the publisher refused the connection (expired token or unknown stream?)");
+}
+
+// Why the page cannot follow a stream, by the problem type the publisher answered: a short status
+// and a sentence saying what to do. The same words appear in the status bar, not only in the log.
+const REFUSALS = {
+  "not-found": ["unknown stream", "This publisher has no such stream (a mistyped id, or it expired): check the stream_id in the address, or start a stream above."],
+  "invalid-token": ["token refused", "The read token in the address was refused (another publisher's, or damaged): open the stream with the token its submission answered, or start one above."],
+  "forbidden": ["token refused", "The read token in the address is for another stream: use the token this stream's submission answered."],
+  "token-expired": ["token expired", "The read token has expired: mint a new one (fanout token <stream id>) and put it in the address, or start a stream above."],
+  "unauthorized": ["no token", "The address has no read token: add &token=<the token the submission answered>, or start a stream above."],
+};
+
+function cannotFollow(status, reason) {
+  state.status = status; state.reason = reason;
+  scheduleRender();
 }
 
 // The stream was written again as another generation: what is shown is not its history any more.
@@ -204,7 +254,7 @@ function restart() {
   Object.assign(state, { status: "connecting", lastSeq: null, lastId: null, terminal: null, finish: null, error: null,
                          usage: null });
   note("history reset: the stream was written again as another generation; showing it from its start");
-  connect(null);
+  connect(null, true);
   scheduleRender();
 }
 
@@ -217,17 +267,20 @@ function drop() {
   reconnectTimer = setTimeout(() => { reconnectTimer = null; connect(held); }, DROP_RECONNECT_MS);
 }
 
-function follow(streamId, token, name) {
+function follow(streamId, token, name, snapshot = false) {
   if (source) source.close();
   source = null; clearTimeout(reconnectTimer);
   blocks.clear(); $("blocks").replaceChildren(); $("log").replaceChildren();
   Object.assign(state, { streamId, token, status: "connecting", lastSeq: null, lastId: null, events: 0, connections: 0, terminal: null,
-                         finish: null, error: null, usage: null, resumes: [], log: [] });
+                         finish: null, error: null, usage: null, resumes: [], log: [], reason: "" });
   state.dirty.clear();
   $("stream").hidden = false;
   $("stream-name").textContent = `${name ? `${name} · ` : ""}${streamId}`;
-  history.replaceState(null, "", `?stream_id=${encodeURIComponent(streamId)}&token=${encodeURIComponent(token)}`);
-  connect(null);
+  history.replaceState(null, "", `?stream_id=${encodeURIComponent(streamId)}&token=${encodeURIComponent(token)}`
+                                  + (new URLSearchParams(location.search).get("compare") === "1" ? "&compare=1" : ""));
+  window.dispatchEvent(new CustomEvent("fanout:follow", { detail: { streamId, token } }));
+  if (!token) { cannotFollow(...REFUSALS.unauthorized); return; }
+  connect(null, snapshot);
   scheduleRender();
 }
 
@@ -284,4 +337,4 @@ window.fanoutDemo = { state, blocks, text: () => [...blocks.keys()].sort((a, b) 
 
 loadCases();
 const params = new URLSearchParams(location.search);
-if (params.get("stream_id") && params.get("token")) follow(params.get("stream_id"), params.get("token"), "");
+if (params.get("stream_id")) follow(params.get("stream_id"), params.get("token") ?? "", "", true);
