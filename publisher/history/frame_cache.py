@@ -1,26 +1,23 @@
 """A bounded per-process cache of the entries (ready SSE frames) that stored items render to.
 
-Every history read still runs its ``XRANGE`` (Redis stays the truth); what the cache saves
-is the rendering: parsing each stored item (either form, :mod:`publisher.history.pages`),
-making its ``id:``/``event:``/``data:`` message, expanding a compacted run. Items are kept
-in segments: runs of consecutive stored items of one stream (at most
-:data:`SEGMENT_ITEMS`) with their entry ids, their stored fields and the entries they
-rendered to, in the generation (meta ``epoch``) they were read in. A reply whose items
-are a segment's, ids and fields equal, is served the segment's entries (a slice: one
-comparison of the lists, no per-item work), so a cached entry is byte for byte what
-rendering the item again would give; only the items no segment holds are rendered.
-
-A page read in another epoch than the one kept for its stream drops the stream's
-segments (a history reset, a stream written again after its tombstone); an item that
-differs from the one kept at its seq (a compaction replaced it) drops them too; so does
-:meth:`FrameCache.forget` (an expired stream). Segments read least recently go first once
-the estimated size passes ``FANOUT_FRAME_CACHE_BYTES``; 0 keeps nothing. Pure: no I/O.
+Every history read still runs its ``XRANGE`` (Redis stays the truth); the cache saves the
+rendering: parsing each stored item (:mod:`publisher.history.pages`), making its SSE
+message, expanding a compacted run. Items are kept in segments of up to
+:data:`SEGMENT_ITEMS` consecutive stored items of one stream: their entry ids, stored
+fields and entries, read in one generation (meta ``epoch``). Reply items equal (ids and
+fields) to a segment's get its entries (a slice after one comparison of the lists), so a
+kept entry is byte for byte what rendering gives; only items no segment holds are rendered.
+A read in another epoch drops the stream's segments (history reset, a stream written again
+after its tombstone); an item unlike the one kept at its seq (compacted) cuts the kept items
+from there on; :meth:`FrameCache.forget` drops an expired stream's. Segments read least
+recently go first past ``FANOUT_FRAME_CACHE_BYTES``; 0 keeps nothing. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
+from itertools import chain
 from typing import Any, Final
 
 from publisher.history.entries import Entry, Page, ours_seq
@@ -32,7 +29,6 @@ ITEM_OVERHEAD: Final = 150
 """Estimated bytes of one cached stored item besides its values (its id, list slots)."""
 SEGMENT_ITEMS: Final = 1024
 """Most stored items in one segment: what least-recently-used eviction drops at once."""
-
 Item = tuple[bytes, Any]
 """One XRANGE/XREAD reply item: ``(entry id, fields)``, fields a flat list or a map."""
 
@@ -46,8 +42,7 @@ class _Segment:
         self.ids: list[bytes] = []
         self.fields: list[Any] = []
         self.seqs: list[int] = []
-        self.ends: list[int] = []
-        """Item ``k``'s entries are ``entries[ends[k - 1]:ends[k]]`` (from 0 for the first)."""
+        self.ends: list[int] = []  # item k's entries: entries[ends[k - 1]:ends[k]] (from 0 for the first)
         self.entries: list[Entry] = []
         self.size = 0
 
@@ -82,6 +77,15 @@ def item_size(fields: dict[bytes, bytes] | list[bytes], entries: list[Entry]) ->
     """Return the estimated bytes one kept item holds: its stored fields, its frames and the overheads."""
     values = [*fields.keys(), *fields.values()] if isinstance(fields, dict) else fields
     return ITEM_OVERHEAD + sum(map(len, values)) + sum(ENTRY_OVERHEAD + len(entry.frame) for entry in entries)
+
+
+def _chunk_size(chunk: list[Item], entries: list[Entry]) -> int:
+    """Return :func:`item_size` summed over ``chunk``'s items (their entries: ``entries``), in C-level passes."""
+    if not all(type(fields) is list for _, fields in chunk):
+        return sum(item_size(fields, []) for _, fields in chunk) + item_size([], entries) - ITEM_OVERHEAD
+    values = len(b"".join(chain.from_iterable(fields for _, fields in chunk)))
+    frames = len(b"".join([entry.frame for entry in entries]))
+    return ITEM_OVERHEAD * len(chunk) + values + ENTRY_OVERHEAD * len(entries) + frames
 
 
 def _after_count(entries: list[Entry], after: int) -> int:
@@ -154,8 +158,7 @@ class FrameCache:
             limit: Stop taking items once the page holds this many entries after ``after``.
 
         Returns:
-            The entries in seq order: those :func:`page_of` gives for ``raw``, up to where
-            ``limit`` stops (maybe further: a caller cuts the page to its count).
+            The entries :func:`page_of` gives for ``raw`` up to where ``limit`` stops (maybe more: callers cut).
         """
         if self.limit_bytes <= 0 or not raw:
             page = page_of(stream_id, raw, epoch, after=after, limit=limit)
@@ -258,7 +261,7 @@ class FrameCache:
         tail.seqs += seqs
         tail.ends += [base + end for end in ends]
         tail.entries += entries
-        size = sum(item_size(fields, entries[ends[k - 1] if k else 0:ends[k]]) for k, (_, fields) in enumerate(chunk))
+        size = _chunk_size(chunk, entries)
         tail.size += size
         self.bytes += size
         self._lru.move_to_end((stream_id, tail.seqs[0]))
