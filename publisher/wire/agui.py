@@ -168,6 +168,19 @@ class AGUITranslator:
             return self._end(event)
         return []
 
+    @property
+    def blocks(self) -> list[_Block]:
+        """The blocks seen so far, in the order they started (read-only use: :mod:`publisher.wire.agui_snapshot`)."""
+        return list(self._blocks.values())
+
+    def run_started(self) -> list[AGUIEvent]:
+        """Return ``RUN_STARTED`` of the run (no timestamp), or nothing before ``stream.start``."""
+        return [{"type": "RUN_STARTED", **self._run, "protocolVersion": PROTOCOL_VERSION}] if self._run else []
+
+    def reopen(self, block: _Block) -> list[AGUIEvent]:
+        """Return the start event(s) of ``block`` again (same ids), as :meth:`reattach` sends them."""
+        return [self._call_start(block)] if block.kind == "tool_call" else self._opening(block)
+
     def reattach(self) -> list[AGUIEvent]:
         """Return ``RUN_STARTED`` and the start of every item still open, for a resumed connection.
 
@@ -176,7 +189,7 @@ class AGUITranslator:
         """
         if not self._run or self.finished:
             return []
-        events = [{"type": "RUN_STARTED", **self._run, "protocolVersion": PROTOCOL_VERSION}]
+        events = self.run_started()
         for block in self._blocks.values():
             if block.kind == "tool_call":
                 events.append(self._call_start(block))
@@ -238,8 +251,8 @@ class AGUITranslator:
         if event.delta.kind == "signature":
             block.signature.append(text)
             return self._encrypted(block)
+        block.parts.append(text)  # the text so far, for a snapshot (publisher.wire.agui_snapshot)
         if block.kind == "tool_call":
-            block.parts.append(text)
             return [{"type": "TOOL_CALL_ARGS", "toolCallId": block.call_id, "delta": text}]
         name = "REASONING_MESSAGE_CONTENT" if block.kind == "reasoning" else "TEXT_MESSAGE_CONTENT"
         return [{"type": name, "messageId": block.message_id, "delta": text}]

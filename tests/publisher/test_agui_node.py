@@ -20,8 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from schema.contract import Event, StreamStart
-from schema.reducer import ReasoningBlock, ToolCallBlock, reduce
+from tests.publisher.agui_support import expected_view
 from tests.publisher.conftest import StartApp
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
 from tests.publisher.node_support import (
@@ -31,7 +30,6 @@ from tests.publisher.node_support import (
     node_or_skip,
     run_suite,
     store_stream,
-    unique_call_id,
 )
 
 
@@ -39,51 +37,6 @@ from tests.publisher.node_support import (
 def node_ready() -> str:
     """Path of ``node`` once ``tests/node/node_modules`` holds the pinned packages; skip without Node."""
     return node_or_skip()
-
-
-def _usage(events: list[Event], usage: Any, model: str | None) -> list[dict[str, Any]] | None:
-    if usage is None:
-        return None
-    counts = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-              "cachedInputTokens": usage.cached_input_tokens, "reasoningTokens": usage.reasoning_tokens}
-    entry = {key: value for key, value in counts.items() if value is not None}
-    if not entry:
-        return None
-    if usage.input_tokens is not None and usage.output_tokens is not None:
-        entry["totalTokens"] = usage.input_tokens + usage.output_tokens
-    head = events[0]
-    assert isinstance(head, StreamStart)
-    return [{"provider": head.provider, "model": model or head.model, **entry}]
-
-
-def expected_view(events: list[Event]) -> dict[str, Any]:
-    """What an AG-UI client must hold after reading the stream, from the reducer's assembled result."""
-    result = reduce(events)
-    sid, messages, used = events[0].stream_id, [], set[str]()
-    assistant: dict[str, Any] | None = None
-    ended = []
-    for block in result.blocks:
-        message_id = f"{sid}:{block.index}"
-        if isinstance(block, ToolCallBlock):
-            if assistant is None:
-                assistant = {"id": message_id, "role": "assistant", "content": None, "toolCalls": [],
-                             "encryptedValue": None}
-                messages.append(assistant)
-            call = {"id": unique_call_id(block.call_id, block.index, used), "name": block.name,
-                    "arguments": block.arguments_text, "encryptedValue": block.signature}
-            assistant["toolCalls"].append(call)
-            ended.append(call["id"])
-            continue
-        role = "reasoning" if isinstance(block, ReasoningBlock) else "assistant"
-        message = {"id": message_id, "role": role, "content": block.text, "toolCalls": [],
-                   "encryptedValue": block.signature}
-        messages.append(message)
-        if role == "assistant":
-            assistant = message
-    completed = result.status == "completed"
-    code = None if completed else ("incomplete" if result.status == "incomplete" else result.error.category)
-    return {"messages": messages, "ended": ended if completed else [], "outcome": code or "finished",
-            "usage": _usage(events, result.usage, result.model)}
 
 
 async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
