@@ -10,6 +10,7 @@ reducer), and fails on what the client would warn about (a delta for an unknown 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from schema.contract import Event, StreamStart
@@ -132,10 +133,10 @@ class Applied:
         target(event["entityId"])["encryptedValue"] = event["encryptedValue"]
 
     def _messages_snapshot(self, event: dict[str, Any]) -> None:
-        given = {m["id"]: m for m in event["messages"]}
+        given = {m["id"]: m for m in copy.deepcopy(event["messages"])}  # as the client, which clones what it holds
         kept = [given.get(m["id"], m) for m in self.messages if m["id"] in given]
         held = {m["id"] for m in kept}
-        self.messages = [*kept, *(m for m in event["messages"] if m["id"] not in held)]
+        self.messages = [*kept, *(m for m in given.values() if m["id"] not in held)]
 
     def _run_finished(self, event: dict[str, Any]) -> None:
         self.outcome, self.usage = "finished", event.get("usage")

@@ -40,6 +40,9 @@ def test_a_snapshot_at_every_seq_of_every_golden_plus_the_rest_assembles_the_red
         ended = [] if k == len(events) else expected["ended"]
         assert got == {**expected, "ended": ended}, f"snapshot at seq {k} of {len(events)}"
         assert group[0]["type"] == "RUN_STARTED"
+        snapshot = next(event for event in group if event["type"] == "MESSAGES_SNAPSHOT")
+        if any(message.get("toolCalls") for message in snapshot["messages"]):
+            assert group[-1]["type"] == "RUN_FINISHED", "only a completed stream's calls are in a snapshot"
 
 
 def test_a_call_being_built_is_not_in_the_snapshot_but_started_again_after_it_with_its_arguments_so_far() -> None:
