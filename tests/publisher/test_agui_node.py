@@ -1,4 +1,4 @@
-"""``/agui`` checked by the real AG-UI client: an ``HttpAgent`` reads every golden transcript and a resumed stream.
+"""``/agui`` checked by the real AG-UI client: an ``HttpAgent`` reads every golden, resumed and as a snapshot.
 
 The publisher runs here on a real port and a real Redis; each golden transcript's events
 are stored as a worker stores them; ``tests/node/agui_stream.test.mjs`` (``node --test``)
@@ -6,7 +6,8 @@ reads them with ``@ag-ui/client``'s ``HttpAgent`` (a GET, by overriding ``reques
 whose run checks every event with the package's ``verifyEvents`` and its schemas and
 assembles them with ``defaultApplyEvents``; the agent's messages, the tool calls it saw
 end and the run's outcome must equal what the reducer's assembled result says (the
-manifest's ``expected``). ``@ag-ui/core``/``@ag-ui/client`` are installed from npm at
+manifest's ``expected``), read whole, cut and resumed, and with ``?snapshot=1`` (every golden,
+and a running stream whose tool call is half written). ``@ag-ui/core``/``@ag-ui/client`` are installed from npm at
 the versions pinned in ``tests/node`` (``npm ci``, lockfile); without ``node``/``npm``
 the test is skipped and says so.
 """
@@ -19,7 +20,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiohttp import web
 
+from schema.contract import BlockRef, BlockStart, ToolInfo
 from tests.publisher.agui_support import expected_view
 from tests.publisher.conftest import StartApp
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
@@ -61,11 +64,30 @@ async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
     resume = {"stream_id": sid, "token": token_for(sid), "continue_url": control[1],
               "expected": expected_view(first + rest)}
 
+    snapshot, snapshot_control = await running_with_a_call(redis_client, keys)
     manifest = tmp_path / "manifest.json"
-    manifest.write_bytes(msgspec.json.encode({"base_url": server.base_url, "streams": streams, "resume": resume}))
+    manifest.write_bytes(msgspec.json.encode({"base_url": server.base_url, "streams": streams, "resume": resume,
+                                              "snapshot": snapshot}))
     try:
         text = await run_suite(node_ready, "agui_stream.test.mjs", {"FANOUT_AGUI_MANIFEST": str(manifest)})
     finally:
         await control[0].cleanup()
-    # every golden twice (read whole; cut and resumed), their two parent tests and four more
-    assert f"\u2139 pass {2 * len(GOLDENS) + 6}\n" in text, text[-3000:]
+        await snapshot_control.cleanup()
+    # every golden three times (read whole; cut and resumed; snapshot=1), their three parent tests and five more
+    assert f"\u2139 pass {3 * len(GOLDENS) + 8}\n" in text, text[-3000:]
+
+
+async def running_with_a_call(redis_client: Any, keys: Any) -> tuple[dict[str, Any], web.AppRunner]:
+    """A running stream whose text is closed and whose tool call is half written, and the endpoint that ends it."""
+    sid = f"st_{uuid.uuid4().hex}"
+    call = BlockStart(stream_id=sid, seq=5, ts=1, block=BlockRef(id="b1", index=1, kind="tool_call"),
+                      tool=ToolInfo(call_id="call_1", name="weather"))
+    first = [start(sid), block_start(sid, 2, 0), delta(sid, 3, 0, "Let me check."), stop(sid, 4, 0), call,
+             delta(sid, 6, 1, '{"city":', "tool_call")]
+    rest = [delta(sid, 7, 1, ' "Paris"}', "tool_call"), stop(sid, 8, 1, "tool_call"), done(sid, 9)]
+    writer = StreamWriter(redis_client, keys, sid, epoch=b"e1")
+    await writer.meta()
+    await writer.append(*first)
+    runner, url = await control_server(writer, rest)
+    return {"stream_id": sid, "token": token_for(sid), "continue_url": url,
+            "expected": expected_view(first + rest)}, runner
