@@ -68,3 +68,11 @@ def test_closed_blocks_are_not_started_again_and_reasoning_is_a_reasoning_messag
 
 def test_nothing_before_stream_start() -> None:
     assert snapshot_events(AGUITranslator(), []) == ([], -1)
+
+
+def test_a_snapshot_message_keeps_the_metadata_the_live_start_event_carries() -> None:
+    events = [start(SID), block_start(SID, 2, 0, "refusal"), delta(SID, 3, 0, "no", "refusal")]
+    group, _ = snapshot_then_rest(events, len(events))
+    live = AGUITranslator()
+    opening = [out for event in events[:2] for out in live.feed(event)][-1]
+    assert group[1]["messages"][0]["metadata"] == opening["metadata"] == {"fanout": {"kind": "refusal"}}
