@@ -135,7 +135,7 @@ class AGUIWriter:
         self.projection = projection
         self.after = after
         self.snapshot = snapshot
-        self.translator = AGUITranslator()
+        self.translator = AGUITranslator(keep_text=snapshot)
 
     @property
     def finished(self) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from publisher.wire.agui import AGUIEvent, AGUITranslator
+from publisher.wire.agui import AGUIEvent, AGUITranslator, Block
 from publisher.wire.call_ids import CallIds
 
 
@@ -34,7 +34,8 @@ def snapshot_events(translator: AGUITranslator, terminal: list[AGUIEvent]) -> tu
     """Return what replaces the events up to the translator's position, and the index of the snapshot.
 
     Args:
-        translator: The translator, fed every visible event up to and including ``p``.
+        translator: The translator (made with ``keep_text``), fed every visible event up to
+            and including ``p``.
         terminal: What the event at ``p`` produced when it was the terminal one (its
             ``TOOL_CALL_END`` events and ``RUN_FINISHED``/``RUN_ERROR``), else empty.
 
@@ -69,7 +70,7 @@ def snapshot_events(translator: AGUITranslator, terminal: list[AGUIEvent]) -> tu
     return [*head, {"type": "MESSAGES_SNAPSHOT", "messages": messages}, *tail, *ends], len(head)
 
 
-def _message(block: Any) -> dict[str, Any]:
+def _message(block: Block) -> dict[str, Any]:
     role = "reasoning" if block.kind == "reasoning" else "assistant"
     message: dict[str, Any] = {"id": block.message_id, "role": role, "content": "".join(block.parts)}
     if block.signature:
@@ -81,7 +82,7 @@ def _message(block: Any) -> dict[str, Any]:
     return message
 
 
-def _call(block: Any) -> dict[str, Any]:
+def _call(block: Block) -> dict[str, Any]:
     call: dict[str, Any] = {"id": block.call_id, "type": "function",
                             "function": {"name": block.name, "arguments": "".join(block.parts)}}
     if block.signature:
@@ -91,7 +92,7 @@ def _call(block: Any) -> dict[str, Any]:
     return call
 
 
-def _rebuild_call(translator: AGUITranslator, block: Any) -> list[AGUIEvent]:
+def _rebuild_call(translator: AGUITranslator, block: Block) -> list[AGUIEvent]:
     events = translator.reopen(block)
     if block.parts:
         events.append({"type": "TOOL_CALL_ARGS", "toolCallId": block.call_id, "delta": "".join(block.parts)})

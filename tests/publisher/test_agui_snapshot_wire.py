@@ -18,7 +18,7 @@ SID = "st_snapwire"
 
 def snapshot_then_rest(events: list[Event], k: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the snapshot group at seq ``k``, the AG-UI events of every event after it)."""
-    translator = AGUITranslator()
+    translator = AGUITranslator(keep_text=True)
     for event in events[:k - 1]:
         translator.feed(event)
     last = translator.feed(events[k - 1])
@@ -67,7 +67,7 @@ def test_closed_blocks_are_not_started_again_and_reasoning_is_a_reasoning_messag
 
 
 def test_nothing_before_stream_start() -> None:
-    assert snapshot_events(AGUITranslator(), []) == ([], -1)
+    assert snapshot_events(AGUITranslator(keep_text=True), []) == ([], -1)
 
 
 def test_a_snapshot_message_keeps_the_metadata_the_live_start_event_carries() -> None:
