@@ -16,7 +16,8 @@ the others live next to the only code that raises them and name their module.
     │   └── CredentialError           worker.auth: an endpoint's key, Google token or AWS credentials unavailable
     ├── ClientError                   * a bad request to our edge (publisher)
     │   ├── ProblemError              publisher.api.problems: answered as an RFC 9457 problem document
-    │   │   └── ShareExceededError    publisher.api.fair_share: the credential (or address) holds its limit: a 429
+    │   │   ├── ShareExceededError    publisher.api.fair_share: the credential (or address) holds its limit: a 429
+    │   │   └── RateExceededError     publisher.api.fair_share: the credential's status reads outpace its bucket: a 429
     │   ├── OffsetError               publisher.wire.durable: a Durable Streams offset this server did not mint: a 400
     │   ├── TokenInvalidError         publisher.api.tokens: malformed read token or bad signature
     │   └── TokenExpiredError         publisher.api.tokens: a well-signed read token past its ``exp``

@@ -36,7 +36,7 @@ Auth = Literal["bearer", "api-key", "x-api-key", "x-goog-api-key", "google", "aw
 KEY_AUTHS: Final = frozenset({"bearer", "api-key", "x-api-key", "x-goog-api-key"})
 """Auth kinds that send a secret read from ``secret_env`` or ``secret_file``."""
 PLATFORM_APIS: Final[dict[str, frozenset[str]]] = {
-    "openai": frozenset({"openai_chat", "openai_responses", "anthropic", "gemini"}),
+    "openai": frozenset({"openai_chat", "openai_responses", "anthropic", "gemini", "gemini_interactions"}),
     "azure": frozenset({"openai_chat", "openai_responses"}),
     "vertex": frozenset({"anthropic", "gemini"}),
     "bedrock": frozenset({"anthropic", "bedrock_converse"}),
@@ -85,10 +85,11 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     progress_timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     """This endpoint's progress timeout (no contract event), seconds (absent: ``FANOUT_PROGRESS_TIMEOUT_S``)."""
     background: bool = False
-    """OpenAI Responses only (Azure's included): send ``background: true`` and ``store: true``, so the
-    provider keeps generating when the worker dies and a successor re-attaches to the same response
-    (:mod:`worker.reattach`). Trade-offs: the provider keeps the response for about 10 minutes (no
-    zero-data-retention), the first token comes later, and cancelling needs the provider's cancel call."""
+    """OpenAI Responses (Azure's included) or Gemini Interactions only: send ``background: true`` and
+    ``store: true``, so the provider keeps generating when the worker dies and a successor re-attaches
+    to the same response (:mod:`worker.reattach`). Trade-offs: the provider keeps the response for
+    about 10 minutes (Gemini: retention unconfirmed; no zero-data-retention), the first token comes
+    later, and cancelling needs the provider's cancel call."""
 
     @property
     def apis(self) -> tuple[Provider, ...]:
@@ -141,7 +142,7 @@ def default_upstreams(environ: Mapping[str, str]) -> Upstreams:
 
     ``openai`` (both OpenAI APIs, ``FANOUT_OPENAI_BASE_URL``, bearer ``OPENAI_API_KEY``),
     ``anthropic`` (``FANOUT_ANTHROPIC_BASE_URL``, ``x-api-key`` ``ANTHROPIC_API_KEY``) and
-    ``gemini`` (``FANOUT_GEMINI_BASE_URL``, ``x-goog-api-key`` ``GEMINI_API_KEY``,
+    ``gemini`` (both Gemini APIs, ``FANOUT_GEMINI_BASE_URL``, ``x-goog-api-key`` ``GEMINI_API_KEY``,
     ``FANOUT_GEMINI_FRAMING``). The URLs are checked by the worker's settings.
     """
     def url(name: str, default: str) -> str:
@@ -155,11 +156,12 @@ def default_upstreams(environ: Mapping[str, str]) -> Upstreams:
                            url=url("OPENAI", "https://api.openai.com/v1"), secret_env="OPENAI_API_KEY"),  # noqa: S106 - a name
         "anthropic": Endpoint(name="anthropic", api=["anthropic"], auth="x-api-key",
                               url=url("ANTHROPIC", "https://api.anthropic.com"), secret_env="ANTHROPIC_API_KEY"),  # noqa: S106 - a name
-        "gemini": Endpoint(name="gemini", api=["gemini"], auth="x-goog-api-key", framing=framing,
+        "gemini": Endpoint(name="gemini", api=["gemini", "gemini_interactions"], auth="x-goog-api-key", framing=framing,
                            url=url("GEMINI", "https://generativelanguage.googleapis.com"),
                            secret_env="GEMINI_API_KEY"),  # noqa: S106 - a name
     }
-    defaults = {"openai_chat": "openai", "openai_responses": "openai", "anthropic": "anthropic", "gemini": "gemini"}
+    defaults = {"openai_chat": "openai", "openai_responses": "openai", "anthropic": "anthropic", "gemini": "gemini",
+                "gemini_interactions": "gemini"}
     return Upstreams(endpoints=endpoints, defaults=defaults)
 
 

@@ -188,8 +188,9 @@ def _auth_problem(endpoint: Endpoint) -> tuple[str, str] | None:
         return "auth", "a Bedrock endpoint takes auth 'aws' (SigV4 or a Bedrock API key) or 'bearer'"
     if endpoint.framing != "sse" and "gemini" not in endpoint.api:
         return "framing", "only a Gemini endpoint reads the JSON-array framing"
-    if endpoint.background and endpoint.api != ["openai_responses"]:
-        return "background", "only an endpoint whose api is exactly \"openai_responses\" runs in background mode"
+    if endpoint.background and endpoint.api not in (["openai_responses"], ["gemini_interactions"]):
+        return "background", ("only an endpoint whose api is exactly \"openai_responses\" or \"gemini_interactions\" "
+                              "runs in background mode")
     return None
 
 

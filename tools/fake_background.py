@@ -96,6 +96,8 @@ class BackgroundStore:
         self.cancelled: list[str] = []
         self.replays: list[tuple[str, int | None]] = []
         """``(id, starting_after)`` of every ``GET ?stream=true``."""
+        self.cursors: list[tuple[str, str | None]] = []
+        """``(id, last_event_id)`` of every Gemini Interactions ``GET`` (:mod:`tools.fake_interactions`)."""
         self._ids = itertools.count(1)
 
     def create(self, transcript: bytes, *, delay_s: float, expire: bool, drift: bool) -> Kept:

@@ -22,6 +22,7 @@ TRANSCRIPT_DIRS: Final[dict[str, tuple[str, Framing]]] = {
     "anthropic": ("anthropic", "sse"),
     "gemini_sse": ("gemini", "sse"),
     "gemini_json_array": ("gemini", "json_array"),
+    "gemini_interactions": ("gemini_interactions", "sse"),
 }
 """Transcript directory → (provider API, framing), for the APIs a worker serves."""
 

@@ -2,7 +2,7 @@
 
 It answers the providers' real paths (``POST /v1/chat/completions``, ``POST /v1/responses``,
 ``POST /v1/messages``, ``POST /v1beta/models/{model}:streamGenerateContent`` with or without
-``alt=sse``) by streaming ``<root>/<dir>/<model>.sse`` in ``chunk_bytes`` pieces,
+``alt=sse``, ``POST /v1beta/interactions``) by streaming ``<root>/<dir>/<model>.sse`` in ``chunk_bytes`` pieces,
 ``delay_ms`` apart. ``<dir>`` is the provider's transcript directory
 (:data:`tools.replay.TRANSCRIPT_DIRS`; Gemini: ``gemini_sse`` with ``alt=sse``, else
 ``gemini_json_array``); roots are ``--transcripts`` then ``transcripts/`` and

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 import msgspec
 from aiohttp import web
 
-from tools import fake_background
+from tools import fake_background, fake_interactions
 from tools.pacing import provider_events
 from tools.upstream_bodies import (
     CONTEXT_MESSAGES,
@@ -77,6 +77,9 @@ class ServerState:
 
 STATE: Final = web.AppKey("state", ServerState)
 
+
+BACKGROUND_CREATE: Final = {"openai_responses": fake_background.create, "gemini_interactions": fake_interactions.create}
+"""Transcript directory → its background-mode ``create`` (a body with ``"background": true``)."""
 
 def _error(provider_dir: str, status: int, message: str, *, code: str | None = None) -> web.Response:
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
@@ -199,9 +202,10 @@ async def _handle(request: web.Request, provider_dir: str, model: str) -> web.St
     raw = await request.read()
     state = request.app[STATE]
     state.requests.append(record(request, raw))
-    if provider_dir == "openai_responses" and fake_background.asks_background(raw):
-        return await fake_background.create(request, model, partial(find_case, state.config.roots, provider_dir),
-                                            (state.config.delay_ms, state.config.slow_delay_ms))
+    if provider_dir in BACKGROUND_CREATE and fake_background.asks_background(raw):
+        return await BACKGROUND_CREATE[provider_dir](request, model, partial(find_case, state.config.roots,
+                                                                             provider_dir),
+                                                     (state.config.delay_ms, state.config.slow_delay_ms))
     return await _answer(request, provider_dir, model)
 
 
@@ -249,7 +253,9 @@ def make_app(config: ServerConfig | None = None) -> web.Application:
     app.router.add_post("/v1/responses", _by_body_model("openai_responses"))
     app.router.add_post("/v1/messages", _by_body_model("anthropic"))
     app.router.add_post("/v1beta/models/{model:[^/:]+}:streamGenerateContent", _gemini)
+    app.router.add_post("/v1beta/interactions", _by_body_model("gemini_interactions"))
     fake_background.install(app, app[STATE].background)
+    fake_interactions.install(app)
     app.router.add_get("/_requests", _list_requests)
     app.router.add_delete("/_requests", _clear_requests)
     return app

@@ -4,7 +4,9 @@ An endpoint of the upstreams file with ``background = true`` (:class:`schema.ups
 sends ``background: true`` and ``store: true`` (:mod:`worker.platforms`), so the provider keeps
 generating when the worker dies, and any process may re-read the response
 (``GET {url}/responses/{id}?stream=true``) or stop it (``POST {url}/responses/{id}/cancel``),
-UPSTREAMS.md E.1. This module holds what a job needs around such an attempt:
+UPSTREAMS.md E.1. A Gemini Interactions endpoint with ``background = true`` works the same way
+(``{url}/v1beta/interactions/{id}?stream=true``, ``.../cancel``; the cursor is the last
+``event_id``), UPSTREAMS.md E.3. This module holds what a job needs around such an attempt:
 
 * :class:`CursorAdapter`: the Responses adapter that also keeps the response id and the last
   ``sequence_number`` it normalized (:func:`cursor_pipeline` puts it in a pipeline);
@@ -37,6 +39,7 @@ from schema.errors import FanoutError
 from schema.job import Job
 from schema.keys import Keys
 from schema.upstreams import Endpoint, Target
+from worker.adapters.gemini_interactions import GeminiInteractionsAdapter
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 from worker.auth import Authorizer
 from worker.pipeline import Pipeline
@@ -63,7 +66,8 @@ class BackgroundState(msgspec.Struct, frozen=True, kw_only=True):
     response_id: str
     """The provider's response id (``resp_...``)."""
     cursor: int
-    """The last provider ``sequence_number`` normalized into stored events (-1: none)."""
+    """The last provider ``sequence_number`` normalized into stored events (-1: none, or a Gemini
+    Interactions stream, whose cursor is an opaque ``event_id``, kept in meta ``bg_cursor`` as is)."""
     endpoint: str
     """The upstreams-file endpoint that holds the response."""
 
@@ -88,7 +92,13 @@ class CursorAdapter(OpenAIResponsesAdapter):
 
 
 def cursor_pipeline(pipeline: Pipeline, *, max_frame_bytes: int) -> Pipeline:
-    """Return a pipeline like ``pipeline`` (same normalizer) whose adapter is a :class:`CursorAdapter`."""
+    """Return a pipeline like ``pipeline`` (same normalizer) whose adapter is a :class:`CursorAdapter`.
+
+    A Gemini Interactions pipeline is returned as is: its adapter keeps the interaction id and
+    the last ``event_id`` itself.
+    """
+    if isinstance(pipeline.adapter, GeminiInteractionsAdapter):
+        return pipeline
     adapter = CursorAdapter(pipeline.adapter.norm, framing=pipeline.adapter.framing)
     return Pipeline(adapter, max_frame_bytes=max_frame_bytes)
 
@@ -96,6 +106,8 @@ def cursor_pipeline(pipeline: Pipeline, *, max_frame_bytes: int) -> Pipeline:
 def writer_fields(pipeline: Pipeline, endpoint: str) -> tuple[str, str, str] | None:
     """Return ``(bg_id, bg_cursor, bg_endpoint)`` of a background pipeline once its response id is known."""
     adapter = pipeline.adapter
+    if isinstance(adapter, GeminiInteractionsAdapter) and adapter.interaction_id:
+        return adapter.interaction_id, adapter.last_event_id or "", endpoint
     if not isinstance(adapter, CursorAdapter) or not adapter.response_id:
         return None
     return adapter.response_id, str(adapter.cursor), endpoint
@@ -118,7 +130,10 @@ async def stored_state(redis: RedisClient, keys: Keys, stream_id: str) -> Backgr
 
 def response_request(job: Job, endpoint: Endpoint, response_id: str, credentials: Secrets,
                      authorizer: Authorizer, *, suffix: str) -> UpstreamRequest:
-    """Return a request on the stored response: ``{url}/responses/{id}{suffix}`` with the endpoint's auth.
+    """Return a request on the stored response with the endpoint's auth.
+
+    ``{url}/responses/{id}{suffix}`` (OpenAI Responses) or ``{url}/v1beta/interactions/{id}{suffix}``
+    (Gemini Interactions, its ``Api-Revision`` header kept).
 
     Args:
         job: The stream's job (its body is not sent).
@@ -132,7 +147,8 @@ def response_request(job: Job, endpoint: Endpoint, response_id: str, credentials
         FanoutError: ``invalid_request`` (the endpoint no longer speaks the job's API).
     """
     base = request_for(job, Target(endpoint=endpoint, model=job.model), credentials, authorizer)
-    url = f"{endpoint.url.rstrip('/')}/responses/{response_id}{suffix}"
+    path = "v1beta/interactions" if job.provider == "gemini_interactions" else "responses"
+    url = f"{endpoint.url.rstrip('/')}/{path}/{response_id}{suffix}"
     return msgspec.structs.replace(base, url=url, body=b"")
 
 

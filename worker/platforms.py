@@ -10,6 +10,7 @@ openai      openai_chat         ``{url}/chat/completions``                      
 openai      openai_responses    ``{url}/responses``                                             SSE
 openai      anthropic           ``{url}/v1/messages`` (``anthropic-version: 2023-06-01``)       SSE
 openai      gemini              ``{url}/v1beta/models/{m}:streamGenerateContent[?alt=sse]``     SSE / array
+openai      gemini_interactions ``{url}/v1beta/interactions`` (``Api-Revision: 2026-05-20``)       SSE
 azure       openai_*            as ``openai`` (v1 URLs: ``…/openai/v1``); ``model`` = deployment SSE
 vertex      gemini              ``{url}/publishers/google/models/{m}:streamGenerateContent``    SSE / array
 vertex      anthropic           ``{url}/publishers/anthropic/models/{m}:streamRawPredict``      SSE
@@ -22,7 +23,8 @@ Body edits (UPSTREAMS.md B.4, C.3): Vertex Claude drops ``model`` and adds
 ``model`` and ``stream`` and adds ``anthropic_version: "bedrock-2023-05-31"``; Converse drops
 ``model`` and ``stream`` (the operation streams); Gemini's model is only in the path; a
 ``background`` endpoint's Responses body gets ``background: true`` and ``store: true``
-(UPSTREAMS.md E.1). A
+(UPSTREAMS.md E.1), an Interactions body ``stream: true`` and ``model``, plus ``background: true``
+and ``store: true`` on a ``background`` endpoint (E.3). A
 model in a path is percent-encoded (Bedrock keeps ``:`` as anthropic-sdk-python does, so
 an inference-profile ARN's ``/`` becomes ``%2F``). Sources: OpenAI and Anthropic API
 references; Gemini "Generate content"; Vertex AI ``publishers.models.streamGenerateContent``
@@ -41,6 +43,7 @@ import msgspec
 from schema.errors import FanoutError
 from schema.upstreams import Endpoint
 from worker.adapters.base import Framing
+from worker.adapters.gemini_interactions_parts import API_REVISION
 
 __all__ = ["ANTHROPIC_VERSION", "BEDROCK_ANTHROPIC_VERSION", "VERTEX_ANTHROPIC_VERSION", "Plan", "plan_request"]
 
@@ -98,6 +101,9 @@ def _native(endpoint: Endpoint, provider: str, model: str, request: dict[str, An
         return root + "/responses", {**_streaming_body(request, provider, model), **extra}
     if provider == "anthropic":
         return root + "/v1/messages", _streaming_body(request, provider, model)
+    if provider == "gemini_interactions":
+        extra = {"background": True, "store": True} if endpoint.background else {}
+        return root + "/v1beta/interactions", {**_streaming_body(request, provider, model), **extra}
     return f"{root}/v1beta/models/{quote(model, safe='')}:streamGenerateContent", _without(request, "model", "stream")
 
 
@@ -152,4 +158,6 @@ def plan_request(endpoint: Endpoint, provider: str, model: str, request: dict[st
                "Accept-Encoding": "identity"}  # no compression: no buffering in a proxy, no decompression bombs
     if provider == "anthropic" and endpoint.platform == "openai":
         headers["anthropic-version"] = ANTHROPIC_VERSION
+    if provider == "gemini_interactions":
+        headers["Api-Revision"] = API_REVISION
     return Plan(url=url, body=_encoder.encode(body), framing=framing, headers=headers)

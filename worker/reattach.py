@@ -8,7 +8,9 @@ any content) on an endpoint that still runs in background mode, :func:`reattach`
 
 1. opens ``GET {url}/responses/{bg_id}?stream=true`` on the stored endpoint: the provider
    replays the response from its first event (``sequence_number`` 0, ``response.created``)
-   and then streams the rest as it is generated (UPSTREAMS.md E.2);
+   and then streams the rest as it is generated (UPSTREAMS.md E.2); for a Gemini
+   Interactions endpoint ``GET {url}/v1beta/interactions/{bg_id}?stream=true``, with no
+   ``last_event_id`` (E.3; the replay from the first event is **unconfirmed** there);
 2. normalizes that replay from the start with a fresh adapter (the normalizer continues
    after the stored ``stream.start``), so the adapter's state is rebuilt exactly as the
    dead worker's was: the same provider events in the same order give the same contract
@@ -36,7 +38,7 @@ stored one at its seq
 With only ``stream.start`` stored, a replay that cannot be read, or that ends in a retryable
 error before any content, leaves the job to a fresh attempt, as any failure before content.
 
-``starting_after`` is not used: it would need the adapter's state persisted, and a full
+``starting_after`` (Gemini: ``last_event_id``) is not used: it would need the adapter's state persisted, and a full
 replay costs only the already-generated events once more (the design's "full replay +
 dedupe by fanout seq").
 

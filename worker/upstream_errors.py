@@ -133,7 +133,8 @@ def _says_context_too_long(error: Mapping[str, Any], detail: str) -> bool:
 
 
 def _provider_code(provider: str, error: Mapping[str, Any]) -> str | None:
-    order = {"anthropic": ("type",), "gemini": ("status",)}.get(provider, ("code", "type"))
+    order = {"anthropic": ("type",), "gemini": ("status",),
+             "gemini_interactions": ("status",)}.get(provider, ("code", "type"))
     for name in order:
         value = error.get(name)
         if isinstance(value, str) and value:

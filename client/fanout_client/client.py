@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator
 from typing import Any, Final, Literal, overload
 
@@ -24,8 +23,9 @@ import aiohttp
 import msgspec
 
 from fanout_client.answers import NOT_A_ROUTE, base_url_problem, connect_reason, refusal_error
-from fanout_client.contract import Event, parse_event_id
+from fanout_client.contract import Event
 from fanout_client.errors import HistoryResetError, PublisherUnreachableError
+from fanout_client.reconnect import DEFAULT_RETRY_MS, MAX_BACKOFF_S, Connection, backoff_s, event_id
 from fanout_client.reducer import AssembledResult, Assembler
 from fanout_client.snapshot import StreamSnapshot, assembler_from, decode_message, ends
 from fanout_client.sse import SSEParser
@@ -35,10 +35,6 @@ __all__ = ["DEFAULT_RETRY_MS", "MAX_BACKOFF_S", "MAX_RESETS", "NOT_A_ROUTE", "Fa
 
 MAX_RESETS: Final = 3
 """Most restarts of :meth:`FanoutClient.result` after a ``history-reset`` (contract 1.1)."""
-DEFAULT_RETRY_MS: Final = 1000
-"""Reconnect delay before the server sends a ``retry:`` hint (the WHATWG default is UA-defined)."""
-MAX_BACKOFF_S: Final = 30.0
-"""Longest wait between two reconnects."""
 
 
 class Submission(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,7 +200,7 @@ class FanoutClient:
         position = None if last_event_id is None else str(last_event_id)
         retry_ms, failures, connected = DEFAULT_RETRY_MS, 0, False
         while True:
-            conn = _Connection()
+            conn = Connection()
             try:
                 query = {"snapshot": "1"} if snapshot and position is None else None
                 async for frame_id, event, hint in self._one_connection(url, token, position, conn, query):
@@ -229,10 +225,10 @@ class FanoutClient:
                 raise PublisherUnreachableError(
                     f"gave up after {self.max_reconnects} failed reconnects to the publisher at {self.base_url}")
             self.reconnects += 1
-            await asyncio.sleep(_backoff_s(retry_ms, failures))
+            await asyncio.sleep(backoff_s(retry_ms, failures))
 
     async def _one_connection(
-        self, url: str, token: str | None, position: str | None, conn: _Connection,
+        self, url: str, token: str | None, position: str | None, conn: Connection,
         query: dict[str, str] | None = None,
     ) -> AsyncIterator[tuple[str | None, Event | StreamSnapshot | None, int | None]]:
         headers = {**self._auth(token), "Accept": "text/event-stream"}
@@ -248,7 +244,7 @@ class FanoutClient:
             parser = SSEParser()
             async for chunk in resp.content.iter_any():
                 for message in parser.feed(chunk):
-                    yield _event_id(message.id), decode_message(message.event, message.data), message.retry_ms
+                    yield event_id(message.id), decode_message(message.event, message.data), message.retry_ms
 
     async def result(self, stream_id: str, *, token: str | None = None) -> AssembledResult:
         """Follow the stream to its end and return the assembled result.
@@ -293,33 +289,3 @@ class FanoutClient:
             return data
         raise refusal_error(resp.status, f"{resp.method} {resp.url.path}", data, base_url=self.base_url,
                             reason=resp.reason)
-
-
-def _event_id(text: str | None) -> str | None:
-    """Return an SSE ``id`` worth sending back as ``Last-Event-ID`` (``<seq>`` or ``<seq>.<epoch>``), else ``None``."""
-    if not text:
-        return None
-    try:
-        parse_event_id(text)
-    except ValueError:
-        return None
-    return text
-
-
-class _Connection:
-    """What one connection learned beyond its events: whether it got an answer, and a 204."""
-
-    __slots__ = ("complete", "connected")
-
-    def __init__(self) -> None:
-        self.complete = False
-        self.connected = False
-
-
-def _backoff_s(retry_ms: int, failures: int) -> float:
-    """Wait before reconnect ``failures``: the ``retry:`` hint, doubled per failure, full jitter after the first."""
-    base = retry_ms / 1000.0
-    if failures <= 1:
-        return base
-    ceiling: float = min(MAX_BACKOFF_S, base * 2.0 ** (failures - 1))
-    return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography

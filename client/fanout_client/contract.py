@@ -63,9 +63,10 @@ ErrorCategory = Literal[
 ]
 TerminalStatus = Literal["completed", "incomplete", "failed", "interrupted", "cancelled"]
 
-Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse"]
+Provider = Literal["openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse", "gemini_interactions"]
 """Provider APIs a job may name (``stream.start``'s ``provider``; consumers must accept others too)."""
-PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse")
+PROVIDERS: Final[tuple[Provider, ...]] = ("openai_chat", "openai_responses", "anthropic", "gemini", "bedrock_converse",
+                                         "gemini_interactions")
 """The values of :data:`Provider`, in order."""
 
 TERMINAL_TYPES: Final = frozenset({"stream.done", "stream.error"})
@@ -142,7 +143,8 @@ class StreamStart(_Event, frozen=True, kw_only=True, tag="stream.start"):
     """The contract started (not that the model produced anything). Always seq 1."""
 
     provider: str
-    """Provider API: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``, ``bedrock_converse``."""
+    """Provider API: ``openai_chat``, ``openai_responses``, ``anthropic``, ``gemini``, ``bedrock_converse``,
+    ``gemini_interactions``."""
     model: str
     """The model as requested."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)

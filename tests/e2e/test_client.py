@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from fanout_client import FanoutClient, PublisherUnreachableError, StreamUnavailableError
-from fanout_client.client import _backoff_s
+from fanout_client.reconnect import backoff_s
 from schema.contract import StreamDone, is_terminal, parse_event_id
 from schema.reducer import reduce
 from schema.validate import validate
@@ -132,9 +132,9 @@ async def test_client_says_the_base_url_must_not_end_in_v1(stack: LocalStack) ->
 
 
 def test_backoff_honours_retry_hint_then_grows_with_jitter() -> None:
-    assert _backoff_s(200, 1) == 0.2
-    assert 0.2 <= _backoff_s(200, 2) <= 0.4
-    assert _backoff_s(200, 30) <= 30.0
+    assert backoff_s(200, 1) == 0.2
+    assert 0.2 <= backoff_s(200, 2) <= 0.4
+    assert backoff_s(200, 30) <= 30.0
 
 
 def _fanout(stack: LocalStack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

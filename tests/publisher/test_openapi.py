@@ -8,6 +8,7 @@ from pathlib import Path
 
 from publisher.api.problems import PROBLEM_BASE, PROBLEM_TYPES
 from publisher.app import create_app
+from schema.job import PROVIDERS
 from tests.publisher.helpers import make_settings
 from tools.demo.routes import install
 
@@ -122,3 +123,8 @@ def test_every_route_that_takes_a_credential_documents_the_400_of_a_repeated_aut
                 assert "`invalid-field`" in description, (method, path)
                 assert "`Authorization`" in description, (method, path)
     assert checked >= 6
+
+
+def test_submit_request_providers_are_the_contracts() -> None:
+    enum = load_doc()["components"]["schemas"]["SubmitRequest"]["properties"]["provider"]["enum"]
+    assert enum == list(PROVIDERS)

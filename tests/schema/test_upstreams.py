@@ -159,7 +159,7 @@ MISTAKES = [
     ('[endpoints.a]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\nframing = "json_array"\n',
      "[endpoints.a] key 'framing': only a Gemini endpoint"),
     ('[endpoints.a]\napi = "openai_chat"\nurl = "https://h/v1"\nauth = "none"\nbackground = true\n',
-     "[endpoints.a] key 'background': only an endpoint whose api is exactly \"openai_responses\""),
+     "[endpoints.a] key 'background': only an endpoint whose api is exactly \"openai_responses\" or"),
     ('[endpoints.a]\napi = ["openai_chat", "openai_responses"]\nurl = "https://h/v1"\nauth = "none"\n'
      'background = true\n', "[endpoints.a] key 'background': only an endpoint whose api"),
     ('[endpoints.a]\napi = "openai_responses"\nurl = "https://h/v1"\nauth = "none"\nbackground = "yes"\n',
@@ -210,3 +210,8 @@ def test_the_docs_example_parses() -> None:
     assert set(upstreams.endpoints) == {"openai", "vllm", "azure-east", "anthropic", "gemini", "vertex-gemini",
                                         "vertex-claude", "bedrock"}
     assert [t.model for t in targets(upstreams, "openai_chat", "gpt-4o")] == ["gpt4o-prod", "gpt-4o"]
+
+
+def test_background_is_accepted_for_a_gemini_interactions_endpoint() -> None:
+    on = parse('[endpoints.g]\napi = "gemini_interactions"\nurl = "https://h"\nauth = "none"\nbackground = true\n')
+    assert on.endpoints["g"].background is True

@@ -33,9 +33,12 @@ MIXED = "several_blocks_reasoning_text_and_call"
 
 
 def background_toml(base: str, *, background: bool = True) -> str:
-    """Return an upstreams file with the endpoint ``bg`` (OpenAI Responses on the fake at ``base``)."""
+    """Return an upstreams file with the endpoints ``bg`` (OpenAI Responses) and ``bgi`` (Gemini
+    Interactions) on the fake at ``base``."""
     flag = "true" if background else "false"
     return (f'[endpoints.bg]\napi = "openai_responses"\nurl = "{base}/v1"\nauth = "none"\n'
+            f"background = {flag}\n"
+            f'[endpoints.bgi]\napi = "gemini_interactions"\nurl = "{base}"\nauth = "none"\n'
             f"background = {flag}\n")
 
 
@@ -48,9 +51,9 @@ def comparable(events: list[Event]) -> list[dict[str, Any]]:
     return out
 
 
-def golden(case: str) -> list[dict[str, Any]]:
+def golden(case: str, directory: str = "openai_responses") -> list[dict[str, Any]]:
     """The case's transcript normalized offline (:func:`tools.replay.replay_file`), comparable."""
-    events, _ = replay_file(DEFAULT_ROOTS[0] / "openai_responses" / f"{case}.sse")
+    events, _ = replay_file(DEFAULT_ROOTS[0] / directory / f"{case}.sse")
     return comparable(events)
 
 

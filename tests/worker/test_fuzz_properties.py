@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from schema.contract import BlockStop, Event, StreamDone, StreamError, decode_event, encode_event
 from schema.validate import validate
-from tools.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads
+from tools.replay import REPLAY_MODEL, REPLAY_STREAM_ID, TRANSCRIPT_DIRS, replay_reads, split_reads, transcript_kind
 from worker.adapters.base import Framing
 from worker.pipeline import build_pipeline
 from worker.settings import load_worker_settings
@@ -62,7 +62,7 @@ BOUNDARY_ENDINGS = {("interrupted", "transport"), ("failed", "protocol")}
 
 
 def _kind(path: Path) -> tuple[str, Framing]:
-    return TRANSCRIPT_DIRS[path.parent.name]
+    return transcript_kind(path)
 
 
 def _replay(body: bytes, kind: tuple[str, Framing], sizes: list[int] | None = None) -> list[Event]:
@@ -324,6 +324,29 @@ def _gemini(terminals: bool) -> st.SearchStrategy[Any]:
     return chunk | st.builds(lambda e: {"error": e}, error) | st.just({"promptFeedback": {"blockReason": "SAFETY"}})
 
 
+def _interactions(terminals: bool) -> st.SearchStrategy[Any]:
+    """Gemini Interactions events: steps of any type at small indexes, deltas of any type, and the ends."""
+    index = st.integers(0, 2)
+    step = _some(type=st.sampled_from(["model_output", "thought", "function_call", "google_search_call"]),
+                 id=_IDS, name=_TEXT, signature=_TEXT, arguments=st.dictionaries(_KEYS, _SCALARS, max_size=2))
+    delta = _some(type=st.sampled_from(["text", "thought_summary", "thought_signature", "arguments_delta", "x"]),
+                  text=_TEXT, arguments=_TEXT, signature=_TEXT, content=_some(text=_TEXT))
+    usage = _some(total_input_tokens=_USAGE_NUMBERS, total_output_tokens=_USAGE_NUMBERS)
+    events = [st.fixed_dictionaries({"event_type": st.just("step.start"), "index": index, "step": step}),
+              st.fixed_dictionaries({"event_type": st.just("step.delta"), "index": index, "delta": delta}),
+              st.fixed_dictionaries({"event_type": st.just("step.stop"), "index": index}, optional={"usage": usage}),
+              st.fixed_dictionaries({"event_type": st.just("interaction.created"),
+                                     "interaction": _some(id=_IDS, model=_TEXT)})]
+    if terminals:
+        status = st.sampled_from(["completed", "requires_action", "incomplete", "failed", "cancelled", "queued"])
+        events += [st.fixed_dictionaries({"event_type": st.just("interaction.completed"),
+                                          "interaction": _some(status=status, usage=usage)}),
+                   st.fixed_dictionaries({"event_type": st.just("interaction.status_update"), "status": status}),
+                   st.fixed_dictionaries({"event_type": st.just("error"),
+                                          "error": _some(code=st.sampled_from([429, "SAFETY", "INTERNAL"]))})]
+    return st.one_of(*events).map(lambda e: {**e, "event_id": "e"})
+
+
 @st.composite
 def _anthropic_script(draw: st.DrawFn, terminals: bool) -> list[Any]:
     """A mostly coherent Anthropic message: start, blocks with fitting deltas, stop reason."""
@@ -387,7 +410,8 @@ def _responses_script(draw: st.DrawFn, terminals: bool) -> list[Any]:
     return out
 
 
-_SHAPES = {"openai_chat": _chat, "anthropic": _anthropic, "openai_responses": _responses, "gemini": _gemini}
+_SHAPES = {"openai_chat": _chat, "anthropic": _anthropic, "openai_responses": _responses, "gemini": _gemini,
+           "gemini_interactions": _interactions}
 _SCRIPTS = {"anthropic": _anthropic_script, "openai_responses": _responses_script}
 
 

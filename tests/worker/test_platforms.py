@@ -94,3 +94,19 @@ def test_a_bedrock_http_error_is_named_by_its_error_type_header() -> None:
     denied = http_error("bedrock_converse", 403, {"X-Amzn-ErrorType": "AccessDeniedException"}, b'{"Message":"no"}')
     assert (denied.category, denied.provider_code, denied.message) == ("permission", "AccessDeniedException",
                                                                         "provider answered HTTP 403: no")
+
+
+def test_gemini_interactions_url_body_and_revision_header() -> None:
+    gemini = endpoint(api=["gemini", "gemini_interactions"], url="https://generativelanguage.googleapis.com",
+                      framing="json_array")
+    plan = plan_request(gemini, "gemini_interactions", "gemini-3-flash-preview", {"input": "hi", "stream": False})
+    assert plan.url == "https://generativelanguage.googleapis.com/v1beta/interactions"
+    assert body(plan) == {"input": "hi", "model": "gemini-3-flash-preview", "stream": True}
+    assert (plan.framing, plan.headers["Api-Revision"]) == ("sse", "2026-05-20")
+    assert "Api-Revision" not in plan_request(gemini, "gemini", "g", {"contents": []}).headers
+
+
+def test_a_gemini_interactions_http_error_is_named_by_its_status() -> None:
+    raw = b'{"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}'
+    error = http_error("gemini_interactions", 429, {}, raw)
+    assert (error.category, error.provider_code) == ("rate_limited", "RESOURCE_EXHAUSTED")

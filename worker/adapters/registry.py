@@ -8,6 +8,7 @@ from worker.adapters.anthropic import AnthropicAdapter
 from worker.adapters.base import Adapter
 from worker.adapters.bedrock_converse import BedrockConverseAdapter
 from worker.adapters.gemini import GeminiAdapter
+from worker.adapters.gemini_interactions import GeminiInteractionsAdapter
 from worker.adapters.openai_chat import OpenAIChatAdapter
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 
@@ -17,5 +18,6 @@ ADAPTERS: Final[dict[str, type[Adapter]]] = {
     "anthropic": AnthropicAdapter,
     "gemini": GeminiAdapter,
     "bedrock_converse": BedrockConverseAdapter,
+    "gemini_interactions": GeminiInteractionsAdapter,
 }
 """Every adapter by the provider name jobs use."""
