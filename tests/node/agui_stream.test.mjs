@@ -3,7 +3,7 @@
 // Started by tests/publisher/test_agui_node.py, which runs a real publisher on a real Redis, stores
 // every golden transcript's events as a worker would, and writes a manifest (FANOUT_AGUI_MANIFEST):
 //   {base_url, streams: [{name, stream_id, token, expected: {messages, ended, outcome, usage}}],
-//    resume: {stream_id, token, continue_url, expected}, snapshot: {stream_id, token, continue_url, expected}}
+//    resume: {stream_id, token, continue_url, expected}, snapshot and snapshot_text: {stream_id, token, continue_url, expected}}
 // Each stream is read by an HttpAgent (GET, through its requestInit), whose runAgent pipeline checks
 // every event against @ag-ui/core's schemas and with verifyEvents, and assembles the messages with
 // defaultApplyEvents. The messages it holds, the tool calls it saw end and the run's outcome must
@@ -289,5 +289,23 @@ test("a snapshot=1 read mid-stream continues the half-written tool call and ends
   assert.deepEqual(seen.types.slice(0, 4), ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_START", "TOOL_CALL_ARGS"]);
   assert.deepEqual(compact(agent.messages), stream.expected.messages);
   assert.deepEqual(seen.ended, stream.expected.ended);
+  assert.equal(seen.outcome, "finished");
+});
+
+test("a snapshot=1 read mid-message appends the deltas that follow to the message the snapshot gave", async () => {
+  const stream = manifest.snapshot_text;
+  const agent = snapshotAgent(stream);
+  const { seen, subscriber } = observer();
+  let atSnapshot = null;
+  subscriber.onMessagesSnapshotEvent = async ({ event }) => {
+    atSnapshot = structuredClone(event.messages);
+    assert.equal((await fetch(stream.continue_url, { method: "POST" })).status, 204);
+  };
+  await withWarnings(seen, () => agent.runAgent({ runId: stream.stream_id }, subscriber));
+  assert.deepEqual(seen.warnings, []);
+  assert.deepEqual(atSnapshot.map((m) => m.content), ["Hel"]);
+  assert.deepEqual(seen.types.slice(0, 4), ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]);
+  assert.deepEqual(compact(agent.messages), stream.expected.messages);
+  assert.equal(agent.messages.length, 1, "the reopened message is the snapshot's, not a second one");
   assert.equal(seen.outcome, "finished");
 });

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from schema.contract import BlockRef, BlockStart, ToolInfo
+from schema.contract import BlockRef, BlockStart, Event, ToolInfo
 from tests.publisher.agui_support import expected_view
 from tests.publisher.conftest import StartApp
 from tests.publisher.helpers import StreamWriter, block_start, delta, done, start, stop, token_for
@@ -64,27 +64,32 @@ async def test_agui_client_reads_every_golden_and_resumes_a_dropped_stream(
     resume = {"stream_id": sid, "token": token_for(sid), "continue_url": control[1],
               "expected": expected_view(first + rest)}
 
-    snapshot, snapshot_control = await running_with_a_call(redis_client, keys)
+    call_sid, text_sid = f"st_{uuid.uuid4().hex}", f"st_{uuid.uuid4().hex}"
+    call = BlockStart(stream_id=call_sid, seq=5, ts=1, block=BlockRef(id="b1", index=1, kind="tool_call"),
+                      tool=ToolInfo(call_id="call_1", name="weather"))
+    with_call = await running(redis_client, keys, [  # the text closed, the tool call half written
+        start(call_sid), block_start(call_sid, 2, 0), delta(call_sid, 3, 0, "Let me check."), stop(call_sid, 4, 0),
+        call, delta(call_sid, 6, 1, '{"city":', "tool_call")],
+        [delta(call_sid, 7, 1, ' "Paris"}', "tool_call"), stop(call_sid, 8, 1, "tool_call"), done(call_sid, 9)])
+    with_text = await running(redis_client, keys, [  # the text open
+        start(text_sid), block_start(text_sid, 2, 0), delta(text_sid, 3, 0, "Hel")],
+        [delta(text_sid, 4, 0, "lo"), stop(text_sid, 5, 0), done(text_sid, 6)])
     manifest = tmp_path / "manifest.json"
     manifest.write_bytes(msgspec.json.encode({"base_url": server.base_url, "streams": streams, "resume": resume,
-                                              "snapshot": snapshot}))
+                                              "snapshot": with_call[0], "snapshot_text": with_text[0]}))
     try:
         text = await run_suite(node_ready, "agui_stream.test.mjs", {"FANOUT_AGUI_MANIFEST": str(manifest)})
     finally:
-        await control[0].cleanup()
-        await snapshot_control.cleanup()
-    # every golden three times (read whole; cut and resumed; snapshot=1), their three parent tests and five more
-    assert f"\u2139 pass {3 * len(GOLDENS) + 8}\n" in text, text[-3000:]
+        for runner in (control[0], with_call[1], with_text[1]):
+            await runner.cleanup()
+    # every golden three times (read whole; cut and resumed; snapshot=1), their three parent tests and six more
+    assert f"\u2139 pass {3 * len(GOLDENS) + 9}\n" in text, text[-3000:]
 
 
-async def running_with_a_call(redis_client: Any, keys: Any) -> tuple[dict[str, Any], web.AppRunner]:
-    """A running stream whose text is closed and whose tool call is half written, and the endpoint that ends it."""
-    sid = f"st_{uuid.uuid4().hex}"
-    call = BlockStart(stream_id=sid, seq=5, ts=1, block=BlockRef(id="b1", index=1, kind="tool_call"),
-                      tool=ToolInfo(call_id="call_1", name="weather"))
-    first = [start(sid), block_start(sid, 2, 0), delta(sid, 3, 0, "Let me check."), stop(sid, 4, 0), call,
-             delta(sid, 6, 1, '{"city":', "tool_call")]
-    rest = [delta(sid, 7, 1, ' "Paris"}', "tool_call"), stop(sid, 8, 1, "tool_call"), done(sid, 9)]
+async def running(redis_client: Any, keys: Any, first: list[Event],
+                  rest: list[Event]) -> tuple[dict[str, Any], web.AppRunner]:
+    """Store ``first`` of a running stream; return its manifest entry and the endpoint that writes ``rest``."""
+    sid = first[0].stream_id
     writer = StreamWriter(redis_client, keys, sid, epoch=b"e1")
     await writer.meta()
     await writer.append(*first)
