@@ -16,9 +16,17 @@ whole history). With no position, everything is sent. After a position ``p``, no
 up to ``p`` is sent again; instead, once the translator has reached ``p``, the
 connection opens with ``RUN_STARTED`` and the start of every item still open
 (:meth:`publisher.wire.agui.AGUITranslator.reattach`, same ids, which AG-UI clients apply
-idempotently), then the events after ``p``. A gap found mid-response (history vanished,
-or the stream was written again: contract 1.1) ends the response with a ``RUN_ERROR``
-whose ``code`` is ``stream_gap`` or ``history_reset`` and no ``id``.
+idempotently), then the events after ``p``.
+
+With ``?snapshot=1`` and no position (as on ``/events``:
+:func:`publisher.api.snapshot.wants_snapshot`), the events up to the stream's stored top
+``p`` are replaced by ``RUN_STARTED`` and one ``MESSAGES_SNAPSHOT`` built from the
+translator's state at ``p`` (:mod:`publisher.wire.agui_snapshot`: the messages the full
+replay assembles), then what is still open and the events after ``p``.
+
+A gap found mid-response (history vanished, or the stream was written again: contract
+1.1) ends the response with a ``RUN_ERROR`` whose ``code`` is ``stream_gap`` or
+``history_reset`` and no ``id``.
 
 Follows the AG-UI 1.0 specification ("HTTP SSE transport", "Runs and Steps") and WHATWG
 HTML "9.2 Server-sent events".
@@ -35,11 +43,13 @@ from publisher.api.limits import path_stream_id
 from publisher.api.positions import Position, check_first_page, early_answer, parse_position, reader_epoch
 from publisher.api.problems import ProblemError
 from publisher.api.projected import drop, entry_id, entry_json, serve_projected
+from publisher.api.snapshot import wants_snapshot
 from publisher.history.entries import Entry
 from publisher.history.visibility import Projection, Scope
 from publisher.live.reader import Reader
 from publisher.state import FAIR_SHARES, GATE, HUB, SETTINGS, STORE, TELEMETRY
 from publisher.wire.agui import AGUIEvent, AGUITranslator, sse_frame
+from publisher.wire.agui_snapshot import snapshot_events
 from schema.contract import decode_event
 from schema.errors import InternalError
 
@@ -91,6 +101,7 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
     The caller holds the connection's slot.
     """
     info = await request.app[STORE].info(stream_id)
+    snapshot = wants_snapshot(request, position.seq) and info.last_seq > 0
     early = early_answer(stream_id, info, position)
     if early is not None:
         request.app[TELEMETRY].no_content.add(1)
@@ -102,7 +113,8 @@ async def _answer(request: web.Request, stream_id: str, scope: Scope, position: 
         await hub.join(reader)
         page = await request.app[STORE].read_after(stream_id, 0)
         await check_first_page(request, info, page, reader)
-        writer = AGUIWriter(Projection(scope), after=position.seq)
+        after = info.last_seq if snapshot else position.seq
+        writer = AGUIWriter(Projection(scope), after=after, snapshot=snapshot)
         return await serve_projected(request, reader, writer, page, info.last_seq, headers=AGUI_HEADERS)
     finally:
         hub.leave(reader)
@@ -113,13 +125,17 @@ class AGUIWriter:
 
     Args:
         projection: What the reader may see (internal reasoning left out of public tokens).
-        after: The seq the client holds (0: none); nothing up to it is sent again.
+        after: The seq the client holds (0: none), or the one the snapshot reflects;
+            nothing up to it is sent again.
+        snapshot: Send ``MESSAGES_SNAPSHOT`` at ``after`` (:mod:`publisher.wire.agui_snapshot`)
+            instead of reopening what the client holds.
     """
 
-    def __init__(self, projection: Projection, *, after: int = 0) -> None:
+    def __init__(self, projection: Projection, *, after: int = 0, snapshot: bool = False) -> None:
         self.projection = projection
         self.after = after
-        self.translator = AGUITranslator()
+        self.snapshot = snapshot
+        self.translator = AGUITranslator(keep_text=snapshot)
 
     @property
     def finished(self) -> bool:
@@ -132,6 +148,11 @@ class AGUIWriter:
         for entry in entries:
             events = self._translate(entry)
             if entry.seq < self.after:
+                continue
+            if entry.seq == self.after and self.snapshot:
+                out += self._snapshot(events, entry_id(entry))
+                if self.translator.finished:
+                    break
                 continue
             if entry.seq == self.after:
                 events = self.translator.reattach()
@@ -154,6 +175,17 @@ class AGUIWriter:
     def live(self) -> bytes:
         """Return nothing: every event was sent as it was translated."""
         return b""
+
+    def _snapshot(self, events: list[AGUIEvent], event_id: bytes) -> list[bytes]:
+        """Frame the snapshot at ``after``: its ``id`` on ``MESSAGES_SNAPSHOT``, or on the terminal when there is one.
+
+        A client holding a finished stream's last id holds its terminal event (the next
+        read is ``204``), so then the id goes on the terminal, which follows at once.
+        """
+        finished = self.translator.finished
+        group, at = snapshot_events(self.translator, events if finished else [])
+        carrier = len(group) - 1 if finished else at
+        return [sse_frame(event, event_id if i == carrier else b"") for i, event in enumerate(group)]
 
     def _translate(self, entry: Entry) -> list[AGUIEvent]:
         if not entry.frame or not self.projection.visible(entry):

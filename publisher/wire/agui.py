@@ -113,7 +113,9 @@ def token_usage(usage: Usage | None, provider: str, model: str | None) -> list[d
     return [entry]
 
 
-class _Block:
+class Block:
+    """What the translator knows of one block (also read by :mod:`publisher.wire.agui_snapshot`)."""
+
     __slots__ = ("call_id", "closed", "kind", "message_id", "name", "parts", "provider_id", "signature", "visibility")
 
     def __init__(self, kind: str, message_id: str) -> None:
@@ -132,12 +134,13 @@ class AGUITranslator:
     connection needs before the events that follow its position.
     """
 
-    def __init__(self) -> None:
-        self._blocks: dict[int, _Block] = {}
+    def __init__(self, *, keep_text: bool = False) -> None:
+        self.keep_text = keep_text
+        """Keep every block's text so far (for a snapshot); tool call arguments are always kept."""
+        self._blocks: dict[int, Block] = {}
         self._call_ids = CallIds()
         self._run: dict[str, str] = {}
-        self._provider = ""
-        self._model = ""
+        self._provider = self._model = ""
         self._assistant: str | None = None
         self.finished = False
         """A terminal event was translated; nothing more will be produced."""
@@ -168,6 +171,19 @@ class AGUITranslator:
             return self._end(event)
         return []
 
+    @property
+    def blocks(self) -> list[Block]:
+        """The blocks seen so far, in the order they started (read-only use: :mod:`publisher.wire.agui_snapshot`)."""
+        return list(self._blocks.values())
+
+    def run_started(self) -> list[AGUIEvent]:
+        """Return ``RUN_STARTED`` of the run (no timestamp), or nothing before ``stream.start``."""
+        return [{"type": "RUN_STARTED", **self._run, "protocolVersion": PROTOCOL_VERSION}] if self._run else []
+
+    def reopen(self, block: Block) -> list[AGUIEvent]:
+        """Return the start event(s) of ``block`` again (same ids), as :meth:`reattach` sends them."""
+        return [self._call_start(block)] if block.kind == "tool_call" else self._opening(block)
+
     def reattach(self) -> list[AGUIEvent]:
         """Return ``RUN_STARTED`` and the start of every item still open, for a resumed connection.
 
@@ -176,13 +192,8 @@ class AGUITranslator:
         """
         if not self._run or self.finished:
             return []
-        events = [{"type": "RUN_STARTED", **self._run, "protocolVersion": PROTOCOL_VERSION}]
-        for block in self._blocks.values():
-            if block.kind == "tool_call":
-                events.append(self._call_start(block))
-            elif not block.closed:
-                events += self._opening(block)
-        return events
+        opened = [self.reopen(b) for b in self._blocks.values() if b.kind == "tool_call" or not b.closed]
+        return self.run_started() + [event for events in opened for event in events]
 
     def _started(self, event: StreamStart) -> AGUIEvent:
         thread = event.metadata.get("thread_id")
@@ -197,7 +208,7 @@ class AGUITranslator:
         index, kind = event.block.index, event.block.kind
         if index in self._blocks:
             return []
-        block = self._blocks[index] = _Block(kind, f"{event.stream_id}:{index}")
+        block = self._blocks[index] = Block(kind, f"{event.stream_id}:{index}")
         if kind == "tool_call":
             block.provider_id = event.tool.call_id if event.tool else ""
             block.name = event.tool.name if event.tool else ""
@@ -212,7 +223,7 @@ class AGUITranslator:
             self._assistant = block.message_id
         return self._opening(block)
 
-    def _opening(self, block: _Block) -> list[AGUIEvent]:
+    def _opening(self, block: Block) -> list[AGUIEvent]:
         if block.kind == "reasoning":
             meta = {"fanout": {"visibility": block.visibility}}
             return [{"type": "REASONING_START", "messageId": f"{block.message_id}:span"},
@@ -223,7 +234,7 @@ class AGUITranslator:
             start["metadata"] = {"fanout": {"kind": "refusal"}}
         return [start]
 
-    def _call_start(self, block: _Block) -> AGUIEvent:
+    def _call_start(self, block: Block) -> AGUIEvent:
         start: AGUIEvent = {"type": "TOOL_CALL_START", "toolCallId": block.call_id, "toolCallName": block.name,
                             "parentMessageId": block.message_id}
         if CallIds.derived(block.call_id, block.provider_id):
@@ -241,6 +252,8 @@ class AGUITranslator:
         if block.kind == "tool_call":
             block.parts.append(text)
             return [{"type": "TOOL_CALL_ARGS", "toolCallId": block.call_id, "delta": text}]
+        if self.keep_text:
+            block.parts.append(text)
         name = "REASONING_MESSAGE_CONTENT" if block.kind == "reasoning" else "TEXT_MESSAGE_CONTENT"
         return [{"type": name, "messageId": block.message_id, "delta": text}]
 
@@ -257,7 +270,7 @@ class AGUITranslator:
         return [{"type": "TEXT_MESSAGE_END", "messageId": block.message_id}]
 
     @staticmethod
-    def _encrypted(block: _Block) -> list[AGUIEvent]:
+    def _encrypted(block: Block) -> list[AGUIEvent]:
         call = block.kind == "tool_call"
         return [{"type": "REASONING_ENCRYPTED_VALUE", "subtype": "tool-call" if call else "message",
                  "entityId": block.call_id if call else block.message_id, "encryptedValue": "".join(block.signature)}]

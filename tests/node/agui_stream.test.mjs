@@ -3,7 +3,7 @@
 // Started by tests/publisher/test_agui_node.py, which runs a real publisher on a real Redis, stores
 // every golden transcript's events as a worker would, and writes a manifest (FANOUT_AGUI_MANIFEST):
 //   {base_url, streams: [{name, stream_id, token, expected: {messages, ended, outcome, usage}}],
-//    resume: {stream_id, token, continue_url, expected}}
+//    resume: {stream_id, token, continue_url, expected}, snapshot and snapshot_text: {stream_id, token, continue_url, expected}}
 // Each stream is read by an HttpAgent (GET, through its requestInit), whose runAgent pipeline checks
 // every event against @ag-ui/core's schemas and with verifyEvents, and assembles the messages with
 // defaultApplyEvents. The messages it holds, the tool calls it saw end and the run's outcome must
@@ -246,4 +246,66 @@ test("every golden transcript, cut half-way and resumed with Last-Event-ID, asse
       assert.equal(second.seen.outcome ?? first.seen.outcome, stream.expected.outcome);
     });
   }
+});
+
+// ?snapshot=1: RUN_STARTED, one MESSAGES_SNAPSHOT of the messages so far, then what is open and the rest.
+function snapshotAgent(stream) {
+  const agent = agentFor(stream);
+  agent.url = `${aguiUrl(stream)}?snapshot=1`;
+  return agent;
+}
+
+test("a snapshot=1 read of every finished golden assembles the same messages as the full replay", async (t) => {
+  for (const stream of manifest.streams) {
+    await t.test(stream.name, async () => {
+      const agent = snapshotAgent(stream);
+      const { seen, subscriber } = observer();
+      await withWarnings(seen, () => agent.runAgent({ runId: stream.stream_id }, subscriber));
+      assert.deepEqual(seen.warnings, [], "the client stripped or translated nothing");
+      assert.deepEqual(seen.types.slice(0, 2), ["RUN_STARTED", "MESSAGES_SNAPSHOT"]);
+      assert.equal(seen.types.filter((type) => type === "MESSAGES_SNAPSHOT").length, 1);
+      assert.deepEqual(compact(agent.messages), stream.expected.messages);
+      assert.deepEqual(seen.ended, [], "a finished stream's complete calls are in the snapshot, none started");
+      assert.equal(seen.outcome, stream.expected.outcome);
+      assert.deepEqual(seen.usage, stream.expected.usage);
+    });
+  }
+});
+
+test("a snapshot=1 read mid-stream continues the half-written tool call and ends it once the stream completes", async () => {
+  const stream = manifest.snapshot;
+  const agent = snapshotAgent(stream);
+  const { seen, subscriber } = observer();
+  let atSnapshot = null;
+  subscriber.onMessagesSnapshotEvent = async ({ event }) => {
+    atSnapshot = structuredClone(event.messages); // the client goes on to change the objects it was given
+    const continued = await fetch(stream.continue_url, { method: "POST" }); // the worker goes on
+    assert.equal(continued.status, 204);
+  };
+  await withWarnings(seen, () => agent.runAgent({ runId: stream.stream_id }, subscriber));
+  assert.deepEqual(seen.warnings, []);
+  assert.deepEqual(atSnapshot.map((m) => [m.role, m.content, m.toolCalls ?? null]),
+    [["assistant", "Let me check.", null]], "the call being built is not in the snapshot");
+  assert.deepEqual(seen.types.slice(0, 4), ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TOOL_CALL_START", "TOOL_CALL_ARGS"]);
+  assert.deepEqual(compact(agent.messages), stream.expected.messages);
+  assert.deepEqual(seen.ended, stream.expected.ended);
+  assert.equal(seen.outcome, "finished");
+});
+
+test("a snapshot=1 read mid-message appends the deltas that follow to the message the snapshot gave", async () => {
+  const stream = manifest.snapshot_text;
+  const agent = snapshotAgent(stream);
+  const { seen, subscriber } = observer();
+  let atSnapshot = null;
+  subscriber.onMessagesSnapshotEvent = async ({ event }) => {
+    atSnapshot = structuredClone(event.messages);
+    assert.equal((await fetch(stream.continue_url, { method: "POST" })).status, 204);
+  };
+  await withWarnings(seen, () => agent.runAgent({ runId: stream.stream_id }, subscriber));
+  assert.deepEqual(seen.warnings, []);
+  assert.deepEqual(atSnapshot.map((m) => m.content), ["Hel"]);
+  assert.deepEqual(seen.types.slice(0, 4), ["RUN_STARTED", "MESSAGES_SNAPSHOT", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT"]);
+  assert.deepEqual(compact(agent.messages), stream.expected.messages);
+  assert.equal(agent.messages.length, 1, "the reopened message is the snapshot's, not a second one");
+  assert.equal(seen.outcome, "finished");
 });
