@@ -60,12 +60,15 @@ class _Held:
     def find(self, seq: int) -> tuple[_Segment | None, int]:
         """Return the segment whose items span ``seq`` and the index of its first item at or above ``seq``."""
         at = bisect_right(self.firsts, seq) - 1
-        if at < 0:
-            return None, 0
-        segment = self.segments[self.firsts[at]]
-        if seq > segment.seqs[-1]:
+        segment = self.segments[self.firsts[at]] if at >= 0 else None
+        if segment is None or seq > segment.seqs[-1]:
             return None, 0
         return segment, bisect_left(segment.seqs, seq)
+
+    def ending_at(self, seq: int) -> _Segment | None:
+        """Return the segment whose last item is at ``seq``, or ``None``."""
+        segment, _ = self.find(seq)
+        return segment if segment is not None and segment.seqs[-1] == seq else None
 
     def next_first(self, seq: int) -> int | None:
         """Return the first seq of the segment after ``seq``, or ``None``."""
@@ -142,8 +145,7 @@ class FrameCache:
         self._lru: OrderedDict[tuple[str, int], _Segment] = OrderedDict()
         self._streams: dict[str, _Held] = {}
 
-    def __len__(self) -> int:
-        """Return how many stored items are kept."""
+    def __len__(self) -> int:  # how many stored items are kept
         return sum(len(segment.seqs) for segment in self._lru.values())
 
     def page(self, stream_id: str, raw: list[Item], epoch: bytes = b"", *, after: int = 0,
@@ -190,19 +192,16 @@ class FrameCache:
         return page
 
     def forget(self, stream_id: str) -> None:
-        """Drop every segment kept of ``stream_id``."""
+        """Drop every segment kept of ``stream_id`` (an expired stream's: :meth:`Store.info` saw its tombstone)."""
         held = self._streams.pop(stream_id, None)
         for first, segment in held.segments.items() if held else ():
             del self._lru[(stream_id, first)]
             self.bytes -= segment.size
 
-    def _hold(self, stream_id: str, epoch: bytes) -> _Held:
-        """Return the stream's segments, dropped first when they were read in another generation."""
+    def _hold(self, stream_id: str, epoch: bytes) -> _Held:  # dropped first when read in another generation
         held = self._streams.get(stream_id)
-        if held is not None and held.epoch != epoch:
+        if held is None or held.epoch != epoch:
             self.forget(stream_id)
-            held = None
-        if held is None:
             held = self._streams[stream_id] = _Held(epoch)
         return held
 
@@ -250,6 +249,7 @@ class FrameCache:
             return None
         seqs, ends = layout
         self._streams[stream_id] = held  # again, when eviction let its last segment go
+        tail = tail or held.ending_at(entries[0].seq - 1)  # a live read's item follows the one read before
         if tail is None or len(tail.seqs) + len(seqs) > SEGMENT_ITEMS:
             tail = _Segment()
             held.segments[seqs[0]] = tail

@@ -230,3 +230,14 @@ def test_any_sequence_of_reads_gets_what_rendering_gives(reads, limit: int) -> N
         assert [e for e in got if e.seq > after][:count] == [e for e in want if e.seq > after][:count]
         assert got[:cut] == want[:cut]
         assert frames.bytes <= limit
+
+
+def test_items_read_one_at_a_time_live_join_one_segment_a_replay_slices() -> None:
+    sid = "st_live"
+    raw = _forms(sid, 20)["written"]
+    frames = FrameCache(1 << 30)
+    for at in range(len(raw)):  # the hub's live reads: each new item alone
+        frames.page(sid, raw[at:at + 1], b"e1", after=at, limit=100)
+    rendered = frames.rendered
+    assert list(frames.page(sid, raw, b"e1", limit=100)) == list(page_of(sid, raw, b"e1"))
+    assert (frames.rendered, len(frames._lru)) == (rendered, 1)
