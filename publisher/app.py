@@ -35,6 +35,7 @@ from publisher.api.middleware import add_cors_headers, edge_middleware
 from publisher.api.routes import Plugins, setup_routes
 from publisher.api.status_cache import StatusCache
 from publisher.api.submit import JobShards, announce_shards
+from publisher.history.frame_cache import FrameCache
 from publisher.history.store import Store
 from publisher.live.hub import Hub
 from publisher.live.reader import Reader
@@ -128,7 +129,8 @@ def _redis_context(
         commands = wrap_redis(client) if wrap_redis is not None else client
         app[REDIS] = commands
         app[STORE] = store = Store(commands, keys, settings.read_page, first_page=settings.read_first_page,
-                                     cluster=settings.redis_cluster)
+                                     cluster=settings.redis_cluster, frames=FrameCache(settings.frame_cache_bytes))
+        app[TELEMETRY].frames = store.frames
         app[STATUS_CACHE] = StatusCache(store, app[TELEMETRY], settings.status_cache_bytes, settings.status_assemblies)
         await announce_shards(client, app[SHARDS])
         try:

@@ -121,6 +121,15 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     then only advanced by the events stored since (a finished stream's: never again while
     kept); concurrent requests share one assembly. 0 keeps none (each request reads the
     events its stream stored; concurrent requests still share)."""
+    frame_cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
+    """Rendered SSE frames of stored events kept for reuse (an estimate of their memory, with
+    the stored values they were rendered from), bytes; the least recently read go first. A
+    history read still asks Redis for the entries, but an event kept is not parsed and
+    rendered again (nor a compacted run expanded again): a stream's events are rendered once
+    in this process while kept, however many readers replay it, whenever. A new generation
+    of a stream (history reset, or written again after its tombstone) or its compaction
+    replaces what was kept of it. 0 keeps none (each read renders its pages; concurrent
+    readers of the same page still share it)."""
     status_assemblies: Positive = 4
     """Status assemblies reading stored events at once in this process (each holds at most one
     pooled Redis connection at a time); more wait for a turn."""

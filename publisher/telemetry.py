@@ -23,6 +23,7 @@ from infra.otel_setup import providers_from_env as _providers_from_env
 
 if TYPE_CHECKING:
     from publisher.history.entries import Entry
+    from publisher.history.frame_cache import FrameCache
 
 SCOPE: Final = "fanout.publisher"
 """Instrumentation scope name of the tracer and the meter."""
@@ -68,6 +69,7 @@ class Telemetry:
             "fanout.sse.events.delivered", callbacks=[self._observe_delivered], unit="{event}",
             description="Events written to SSE responses, by phase")
         self._read_ahead_instruments(meter)
+        self._frame_instruments(meter)
         self.latency = meter.create_histogram(
             "fanout.delivery.latency", unit="s", explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
             description="From the event's ts (worker emit time) to its write on the SSE response")
@@ -102,6 +104,21 @@ class Telemetry:
         meter.create_observable_counter(
             "fanout.sse.read_ahead.dropped", callbacks=[self._reporting("read_ahead_dropped")], unit="{page}",
             description="Read-ahead pages let go: the write they overlapped outlasted the hold")
+
+    def _frame_instruments(self, meter: metrics.Meter) -> None:
+        """Instruments of the rendered-frame cache (:class:`publisher.history.frame_cache.FrameCache`)."""
+        self.frames: FrameCache | None = None
+        """The cache the app's store renders through; its counts are reported while it is set."""
+        for name, attribute, kind, unit, description in (
+                ("fanout.frames.rendered", "rendered", "counter", "{event}", "Stored events rendered to SSE frames"),
+                ("fanout.frames.served", "served", "counter", "{event}", "Stored events served from the frame cache"),
+                ("fanout.frames.cache.size", "bytes", "gauge", "{byte}", "Estimated memory of the frames kept")):
+            create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+            create(name, callbacks=[self._frame_count(attribute)], unit=unit, description=description)
+
+    def _frame_count(self, attribute: str) -> Callable[[metrics.CallbackOptions], Iterable[metrics.Observation]]:
+        """Return a meter callback that reports ``attribute`` of :attr:`frames` (nothing while unset)."""
+        return lambda options: [metrics.Observation(getattr(self.frames, attribute))] if self.frames is not None else []
 
     def _response_instruments(self, meter: metrics.Meter) -> None:
         """Counters of SSE requests and responses by how they went (resumed, 204, 410, overflow, gap)."""

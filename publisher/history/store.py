@@ -4,7 +4,7 @@ Entries are ``0-<seq>`` with field ``c`` (the compact form, :mod:`schema.stored`
 (the JSON form of streams stored before it); a compacted run's entry id is its last seq. Every read is an exclusive
 ``XRANGE key (0-<n> + COUNT c`` (or one ``XREAD`` of several streams, each after its own
 position), so a position is always a concrete seq, never "the current tail". Replies are
-parsed into :class:`~publisher.history.entries.Entry` objects once (:mod:`publisher.history.pages`).
+rendered into :class:`~publisher.history.entries.Entry` objects once per process while kept (frame_cache).
 
 Every page that holds entries is followed by a read of the stream's meta ``epoch``
 (``HGET``, once the entries are in): :attr:`publisher.history.entries.Page.epoch`. If it is
@@ -19,7 +19,6 @@ Follows the Redis command pages of XRANGE, XREAD, XREVRANGE, HGET, HMGET and HGE
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -29,15 +28,14 @@ from redis.exceptions import ResponseError
 
 from infra.redis_client import REDIS_ERRORS
 from publisher.history.entries import TOP_OF_OURS, Entry, Page, ours
-from publisher.history.pages import item_entries, item_jsons, page_of
+from publisher.history.frame_cache import FrameCache
+from publisher.history.pages import item_entries, item_jsons
 from publisher.history.probes import Top, find_block_start, tops
 from schema.errors import InternalError
 from schema.keys import Keys, seq_of
 
 if TYPE_CHECKING:
     from infra.redis_client import RedisClient
-
-log = logging.getLogger(__name__)
 
 
 class HistoryChangedError(InternalError):
@@ -107,11 +105,13 @@ class Store:
         first_page: Entries of an SSE response's first history read
             (``FANOUT_READ_FIRST_PAGE``; at most ``page``).
         cluster: ``redis`` is a cluster client: :meth:`read_many` reads each stream on its own.
+        frames: Renders the pages read, keeping rendered entries (``None``: a cache that keeps none).
     """
 
     def __init__(self, redis: RedisClient, keys: Keys, page: int, *, first_page: int | None = None,
-                 cluster: bool = False) -> None:
+                 cluster: bool = False, frames: FrameCache | None = None) -> None:
         self.redis = redis
+        self.frames = frames if frames is not None else FrameCache(0)
         self.cluster = cluster
         self.keys = keys
         self.page = page
@@ -128,9 +128,10 @@ class Store:
             pipe.xrevrange(self.keys.events(stream_id), TOP_OF_OURS, "-", count=1)
             meta_raw, tomb_raw, top = await pipe.execute()
         meta, tomb = _decode_hash(meta_raw), _decode_hash(tomb_raw)
+        if tomb and not top:  # expired: the frames kept of it are let go
+            self.frames.forget(stream_id)
         last = item_entries(stream_id, *top[0])[-1:] if top else None
-        top_seq = seq_of(top[0][0]) if top else 0
-        last_seq = max(_int(meta.get("last_seq")), top_seq)
+        last_seq = max(_int(meta.get("last_seq")), seq_of(top[0][0]) if top else 0)
         _known_top.set((stream_id, last_seq))  # for read_after: a shared read must not show less
         return StreamInfo(
             known=bool(meta) or bool(top),
@@ -222,7 +223,7 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
+        return [_after(self.frames.page(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
                                limit=self.page), after, self.page)
                 for (stream_id, after), key in zip(positions, keys, strict=True)]
 
@@ -237,7 +238,7 @@ class Store:
 
     async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        return _after(page_of(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
+        return _after(self.frames.page(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
