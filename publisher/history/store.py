@@ -29,7 +29,7 @@ from redis.exceptions import ResponseError
 from infra.redis_client import REDIS_ERRORS
 from publisher.history.entries import TOP_OF_OURS, Entry, Page, ours
 from publisher.history.frame_cache import FrameCache
-from publisher.history.pages import item_entries, item_jsons
+from publisher.history.pages import item_entries, item_jsons, page_of
 from publisher.history.probes import Top, find_block_start, tops
 from schema.errors import InternalError
 from schema.keys import Keys, seq_of
@@ -143,7 +143,7 @@ class Store:
         )
 
     async def read_after(self, stream_id: str, after_seq: int, count: int | None = None, *,
-                         share: object | None = None) -> Page:
+                         share: object | None = None, keep: bool = True) -> Page:
         """Return up to ``count`` (default: one page) entries with seq > ``after_seq``, in order.
 
         Runs ``XRANGE <events> (0-<after_seq> + COUNT <count>``; a page shorter than
@@ -165,10 +165,12 @@ class Store:
                 :meth:`info` saw was answered before that reply (it would look like
                 trimmed history: a false ``410`` or ``stream.gap``), so it is read again,
                 unshared.
+            keep: Keep the rendered entries in the frame cache (replays); live reads pass
+                ``False`` (their entries go out once; keeping them costs more than rendering).
         """
         count = count or self.page
         if share is None:
-            return await self._read_page(stream_id, after_seq, count)
+            return await self._read_page(stream_id, after_seq, count, keep=keep)
         key = (share, stream_id, after_seq, count)
         shared = self._inflight.get(key)
         if shared is None:
@@ -208,8 +210,8 @@ class Store:
                 pass
             except REDIS_ERRORS as exc:
                 return [exc] * len(positions)
-        results = await asyncio.gather(*(self.read_after(stream_id, after) for stream_id, after in positions),
-                                       return_exceptions=True)
+        reads = (self.read_after(stream_id, after, keep=False) for stream_id, after in positions)
+        results = await asyncio.gather(*reads, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, REDIS_ERRORS):
                 raise result
@@ -223,7 +225,7 @@ class Store:
         found = {_text(key): entries for key, entries in pairs}
         read = [stream_id for (stream_id, _), key in zip(positions, keys, strict=True) if found.get(key)]
         epochs = dict(zip(read, await self._epochs(read), strict=True))
-        return [_after(self.frames.page(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
+        return [_after(page_of(stream_id, list(found.get(key, ())), epochs.get(stream_id, b""), after=after,
                                limit=self.page), after, self.page)
                 for (stream_id, after), key in zip(positions, keys, strict=True)]
 
@@ -236,9 +238,10 @@ class Store:
                 pipe.hget(self.keys.meta(stream_id), "epoch")
             return [epoch or b"" for epoch in await pipe.execute()]
 
-    async def _read_page(self, stream_id: str, after_seq: int, count: int) -> Page:
+    async def _read_page(self, stream_id: str, after_seq: int, count: int, *, keep: bool = True) -> Page:
         raw, epoch = await self._xrange(stream_id, after_seq, count)
-        return _after(self.frames.page(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
+        render = self.frames.page if keep else page_of
+        return _after(render(stream_id, raw, epoch, after=after_seq, limit=count), after_seq, count)
 
     def _landed(self, key: tuple[object, str, int, int], done: asyncio.Future[Page]) -> None:
         """Forget a finished shared read (its waiters have their result) and mark its failure as seen."""
