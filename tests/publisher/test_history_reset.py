@@ -87,12 +87,20 @@ async def _problem(http: aiohttp.ClientSession, url: str, token: str, last_event
         return resp.status, (await resp.json(content_type=None) if resp.status != 200 else {})
 
 
+async def _status(http: aiohttp.ClientSession, url: str, token: str) -> dict[str, Any]:
+    """The status document, asked again after ``Retry-After`` while the token's status reads are paced (429)."""
+    while True:
+        async with http.get(url, headers=bearer(token)) as resp:
+            if resp.status != 429:
+                return dict(await resp.json())
+            await asyncio.sleep(float(resp.headers["Retry-After"]))
+
+
 async def _wait_done(http: aiohttp.ClientSession, base: str, sid: str, token: str) -> dict[str, Any]:
     while True:
-        async with http.get(f"{base}/v1/streams/{sid}", headers=bearer(token)) as resp:
-            status = await resp.json()
+        status = await _status(http, f"{base}/v1/streams/{sid}", token)
         if status.get("state") == "done":
-            return dict(status)
+            return status
         await asyncio.sleep(0.05)
 
 
@@ -136,8 +144,7 @@ async def _scenario(url: str, *, cluster: bool, workers: int, node_of: Callable[
         second = str(done["epoch"])
         assert second != first
         assert done["status"] == "completed"
-        async with http.get(f"{base}/v1/streams/{sid}?epoch={first}", headers=bearer(token)) as resp:
-            assert (await resp.json())["history_complete"] is False
+        assert (await _status(http, f"{base}/v1/streams/{sid}?epoch={first}", token))["history_complete"] is False
         status, problem = await _problem(http, events_url, token, held_id)
         assert (status, problem["type"].rsplit("/", 1)[1], problem["epoch"]) == (410, "history-reset", second)
         async with http.get(events_url, headers=bearer(token)) as resp:

@@ -96,8 +96,10 @@ async def test_a_restart_without_persistence_recreates_the_group_and_intake_goes
 async def test_stale_pooled_connections_after_a_restart_never_answer_503() -> None:
     keys = Keys(f"fanouttest-{uuid.uuid4().hex[:12]}")
     with redis_node() as server:
-        # 12 status requests of one token at once (FANOUT_MAX_STATUS_READS_PER_TOKEN is 2 by default)
-        app = create_app(make_settings(max_status_reads_per_token=12), keys=keys, redis_url=server.url)
+        # 12 status requests of one token at once (FANOUT_MAX_STATUS_READS_PER_TOKEN is 2 by default),
+        # twice, unpaced (FANOUT_STATUS_READ_RATE_PER_TOKEN: a burst of 10 by default)
+        app = create_app(make_settings(max_status_reads_per_token=12, status_read_rate_per_token=0),
+                         keys=keys, redis_url=server.url)
         runner = web.AppRunner(app, **RUNNER_KWARGS)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
