@@ -165,8 +165,7 @@ class Store:
                 :meth:`info` saw was answered before that reply (it would look like
                 trimmed history: a false ``410`` or ``stream.gap``), so it is read again,
                 unshared.
-            keep: Keep the rendered entries in the frame cache (replays); live reads pass
-                ``False`` (their entries go out once; keeping them costs more than rendering).
+            keep: Keep the rendered entries in the frame cache; live reads pass ``False``.
         """
         count = count or self.page
         if share is None:
@@ -210,8 +209,8 @@ class Store:
                 pass
             except REDIS_ERRORS as exc:
                 return [exc] * len(positions)
-        reads = (self.read_after(stream_id, after, keep=False) for stream_id, after in positions)
-        results = await asyncio.gather(*reads, return_exceptions=True)
+        results = await asyncio.gather(*(self.read_after(stream_id, after, keep=False)
+                                         for stream_id, after in positions), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, REDIS_ERRORS):
                 raise result
