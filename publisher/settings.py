@@ -1,9 +1,8 @@
 """The publisher's settings: ``FANOUT_*`` environment variables as one frozen Struct.
 
-Built with :func:`schema.settings.load_settings` (``FANOUT_TOKEN_TTL_S`` →
-``token_ttl_s``; ``REDIS_URL`` → ``redis_url``), then checked by :func:`resolve_secrets`,
-which refuses a deployment that could not work across several publishers. Imports no
-aiohttp or redis.
+Built with :func:`schema.settings.load_settings` (``FANOUT_TOKEN_TTL_S`` → ``token_ttl_s``;
+``REDIS_URL`` → ``redis_url``), then checked by :func:`resolve_secrets`, which refuses a
+deployment that could not work across several publishers. Imports no aiohttp or redis.
 """
 
 from __future__ import annotations
@@ -261,8 +260,7 @@ def settings_from_env(environ: Mapping[str, str], **overrides: object) -> Publis
 def proxy_networks(entries: list[str]) -> tuple[ProxyNetwork, ...]:
     """Parse ``FANOUT_TRUSTED_PROXIES``: each entry an address (``10.0.0.7``) or a network (``10.0.0.0/8``).
 
-    Returns:
-        The networks, in the order given (an address is a network of one).
+    Returns the networks in the order given (an address is a network of one).
 
     Raises:
         SettingsError: An entry that is neither, naming it.
@@ -297,8 +295,6 @@ def resolve_secrets(settings: PublisherSettings) -> PublisherSettings:
         raise SettingsError(f"FANOUT_TOKEN_SECRET is required: the same random text of at least {MIN_SECRET_CHARS} "
                             f"characters on every publisher (openssl rand -hex {MIN_SECRET_CHARS}), or "
                             "FANOUT_DEV=1 for a throwaway one")
-    log.warning(
-        "FANOUT_DEV=1 and no FANOUT_TOKEN_SECRET: generated a random per-process secret; "
-        "read tokens from this process will NOT verify on any other publisher"
-    )
+    log.warning("FANOUT_DEV=1 and no FANOUT_TOKEN_SECRET: generated a random per-process secret; "
+                "read tokens from this process will NOT verify on any other publisher")
     return msgspec.structs.replace(settings, token_secret=secrets.token_urlsafe(48))

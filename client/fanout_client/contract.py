@@ -23,10 +23,13 @@ Decisions where CONTRACT.md is silent (the contract's docs, kept here):
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final, Literal
 
 import msgspec
+
+from fanout_client.event_ids import EPOCH_PATTERN as EPOCH_PATTERN
+from fanout_client.event_ids import event_id as event_id
+from fanout_client.event_ids import parse_event_id as parse_event_id
 
 CONTRACT_VERSION: Final = 1
 """Schema version of this contract; bumped when block kinds or types are added."""
@@ -35,8 +38,6 @@ CONTRACT_MINOR: Final = 1
 
 STREAM_ID_PATTERN: Final = r"^[A-Za-z0-9_-]{1,128}$"
 """Every ``stream_id`` matches this pattern (CONTRACT.md, Envelope)."""
-EPOCH_PATTERN: Final = r"^[0-9a-z]{1,32}$"
-"""Every ``epoch`` matches this pattern: lowercase letters and digits, no ``.`` (contract 1.1)."""
 
 BlockKind = Literal["text", "reasoning", "tool_call", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -240,7 +241,6 @@ class _TypeOnly(msgspec.Struct):
     type: str
 
 
-_EPOCH: Final = re.compile(EPOCH_PATTERN.strip("^$"))
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(Event)
 _type_decoder: Final = msgspec.json.Decoder(_TypeOnly)
@@ -274,28 +274,6 @@ def to_builtins(event: Event) -> dict[str, Any]:
     """Return the event as plain JSON-compatible Python objects."""
     result: dict[str, Any] = msgspec.to_builtins(event)
     return result
-
-
-def event_id(seq: int, epoch: str | None) -> str:
-    """Return the SSE ``id`` of event ``seq`` of generation ``epoch``: ``<seq>.<epoch>``, or ``<seq>`` without one."""
-    return f"{seq}.{epoch}" if epoch else str(seq)
-
-
-def parse_event_id(text: str) -> tuple[int, str | None]:
-    """Split an SSE ``id`` / ``Last-Event-ID`` into ``(seq, epoch or None)``.
-
-    Args:
-        text: ``<seq>`` or ``<seq>.<epoch>`` (contract 1.1, "Generations").
-
-    Raises:
-        ValueError: Anything else (the seq is not ASCII digits, or the epoch is malformed).
-    """
-    head, dot, tail = text.partition(".")
-    if not (head.isascii() and head.isdigit()) or len(head) > 64:
-        raise ValueError(f"not an event id: {text!r}")
-    if dot and _EPOCH.fullmatch(tail) is None:
-        raise ValueError(f"not an event id: {text!r}")
-    return int(head), tail if dot else None
 
 
 def is_terminal(event: Event) -> bool:

@@ -67,11 +67,6 @@ class StreamInfo(msgspec.Struct, frozen=True, kw_only=True):
         return self.meta.get("epoch") or (self.tomb.get("epoch", "") if not self.meta else "")
 
 
-def _raw_stream_list(response: Any, **options: Any) -> Any:
-    """XRANGE reply as redis sends it, ``[[id, [name, value, ...]], ...]`` (no dict per entry)."""
-    return response
-
-
 def _decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
@@ -117,8 +112,8 @@ class Store:
         self.page = page
         self.first_page = min(page, first_page or page)
         self._inflight: dict[tuple[object, str, int, int], asyncio.Future[Page]] = {}
-        redis.set_response_callback("XRANGE", _raw_stream_list)  # replies are parsed once, here
-        redis.set_response_callback("XREAD", _raw_stream_list)
+        for command in ("XRANGE", "XREAD"):  # replies as Redis sends them, parsed once, here (no dict per entry)
+            redis.set_response_callback(command, lambda response, **_: response)
 
     async def info(self, stream_id: str) -> StreamInfo:
         """Return meta, tombstone and the top of the stored stream (one round trip)."""
