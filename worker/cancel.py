@@ -61,7 +61,7 @@ class CancelListener:
                 log.warning("event=cancel_subscription_lost %s", redis_error_fields(exc))
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2 on
                 await node.aclose()
 
     def _dispatch(self, message: dict[str, object]) -> None:
