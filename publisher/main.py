@@ -27,6 +27,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from infra.redis_client import REDIS_ERRORS
+from infra.redis_faults import refuses_the_url
 from publisher.api.edge import EdgeRunner
 from publisher.api.edge import run as run_loop
 from publisher.api.readiness import READY_TIMEOUT_S
@@ -143,8 +144,12 @@ async def warn_unless_redis_answers(app: web.Application, redis_url: str) -> boo
         async with asyncio.timeout(READY_TIMEOUT_S):
             await app[REDIS].ping()
     except (RedisError, TimeoutError, OSError) as exc:
-        log.warning("Redis at %s does not answer (%s): /readyz and the stream routes answer 503 until it does; "
-                    "start Redis, or point REDIS_URL at a running one", redact_url(redis_url),
-                    str(exc).rstrip(".") or type(exc).__name__)
+        reason = str(exc).rstrip(".") or type(exc).__name__
+        if refuses_the_url(exc):  # starting Redis would not help: the URL must change
+            log.warning("Redis at %s answered but refused it (%s): /readyz and the stream routes answer 503; "
+                        "check the user, password and database number in REDIS_URL", redact_url(redis_url), reason)
+        else:
+            log.warning("Redis at %s does not answer (%s): /readyz and the stream routes answer 503 until it does; "
+                        "start Redis, or point REDIS_URL at a running one", redact_url(redis_url), reason)
         return False
     return True

@@ -94,6 +94,8 @@ def _serve_to_exit(settings: WorkerSettings, telemetry: Telemetry, source: str, 
             raise redis_refused(settings.redis_url, exc, source=source) from exc
         raise redis_unreachable(settings.redis_url, exc, source=source) from exc
     except (*REDIS_ERRORS, ValueError) as exc:
+        if refuses_the_url(exc):  # "DB index is out of range" is a ResponseError
+            raise redis_refused(settings.redis_url, exc, source=source) from exc
         sys.stderr.write(f"fanout worker: cannot use Redis at REDIS_URL (cluster mode {settings.redis_cluster}): "
                          f"{type(exc).__name__}: {exc}; check REDIS_URL and FANOUT_REDIS_CLUSTER\n")
         return 1

@@ -75,3 +75,44 @@ def test_export_with_a_refused_password_says_to_fix_the_url_not_to_run_again(gua
     assert line.endswith("nothing acknowledged is lost"), line
     assert "run again" not in line, line
     assert "wrong-password" not in done.stderr + done.stdout
+
+
+def test_the_worker_names_a_database_the_server_does_not_have(guarded: RedisServer) -> None:
+    done = fanout("worker", redis_url=f"redis://:{PASSWORD}@127.0.0.1:{guarded.port}/99")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, (done.returncode, done.stderr)  # a ResponseError, not a ConnectionError
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("fanout worker: Redis at redis://"), line
+    assert "answered but refused it (DB index is out of range)" in line, line
+    assert "check the user, password and database number in REDIS_URL" in line, line
+    assert PASSWORD not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(("credentials", "database", "said"), [
+    (":wrong-password@", 0, "invalid username-password pair"),
+    (f":{PASSWORD}@", 99, "DB index is out of range"),
+])
+def test_the_publisher_warns_to_fix_the_url_not_to_start_redis(guarded: RedisServer, credentials: str, database: int,
+                                                               said: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")} | {
+        "REDIS_URL": f"redis://{credentials}127.0.0.1:{guarded.port}/{database}", "FANOUT_DEV": "1",
+        "FANOUT_API_KEYS": "k"}
+    publisher = subprocess.Popen([sys.executable, "-m", "fanout_cli", "publisher", "--port", "0"], env=env, cwd=ROOT,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        assert publisher.stderr is not None
+        line = ""
+        for line in publisher.stderr:  # the start-up check logs once, then the publisher serves (503s) until stopped
+            if "Redis at" in line:
+                break
+        assert "answered but refused it" in line, line
+        assert said in line, line
+        assert "check the user, password and database number in REDIS_URL" in line, line
+        assert "start Redis" not in line, line
+        assert PASSWORD not in line, line
+        assert "wrong-password" not in line, line
+    finally:
+        publisher.terminate()
+        publisher.wait(timeout=30)
+        if publisher.stderr is not None:
+            publisher.stderr.close()

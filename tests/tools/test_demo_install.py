@@ -53,10 +53,10 @@ def _name(text: str) -> str:
     return re.sub(r"[-_.]+", "-", text).lower()
 
 
-def demo_closure() -> set[str]:
-    """Return the normalized names of every distribution ``pip install '.[demo]'`` installs."""
+def demo_closure(extras: frozenset[str] = frozenset({"demo"})) -> set[str]:
+    """Return the normalized names of every distribution ``pip install '.[<extras>]'`` installs."""
     seen: set[str] = set()
-    todo = [("fanout", frozenset({"demo"}))]
+    todo = [("fanout", extras)]
     while todo:
         name, extras = todo.pop()
         key = f"{_name(name)}[{','.join(sorted(extras))}]"
@@ -70,9 +70,9 @@ def demo_closure() -> set[str]:
     return {key.partition("[")[0] for key in seen}
 
 
-def blocked_modules() -> list[str]:
-    """Top-level modules that only distributions outside :func:`demo_closure` provide."""
-    allowed = demo_closure()
+def blocked_modules(extras: frozenset[str] = frozenset({"demo"})) -> list[str]:
+    """Top-level modules that only distributions outside :func:`demo_closure` of ``extras`` provide."""
+    allowed = demo_closure(extras)
     return sorted(top for top, dists in metadata.packages_distributions().items()
                   if not any(_name(dist) in allowed for dist in dists))
 
@@ -96,3 +96,19 @@ def test_the_demo_runs_with_only_the_demo_extra_importable(redis_url: str, tmp_p
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "9/9 streams match their golden results" in demo.stdout
     assert "not installed by make demo" not in demo.stderr
+
+
+def test_the_cloud_auth_modules_import_on_the_core_install(tmp_path: Path) -> None:
+    # worker/auth.py imports these only for a google or aws endpoint; google-auth's urllib3
+    # transport needs its [urllib3] extra (packaging), which a bare `pip install .` once lacked
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), str(ROOT / "client")]),
+           "FANOUT_TEST_BLOCKED_MODULES": json.dumps(blocked_modules(frozenset()))}
+    modules = ["google.auth", "google.auth.exceptions", "google.auth.transport.urllib3", "urllib3",
+               "botocore.session", "botocore.auth", "botocore.awsrequest", "botocore.credentials"]
+    probe = subprocess.run([sys.executable, "-c", "import pytest"], env=env, capture_output=True, text=True,
+                           check=False, timeout=60)
+    assert "not installed by make demo" in probe.stderr  # the blocker is in force
+    done = subprocess.run([sys.executable, "-c", "; ".join(f"import {name}" for name in modules)], env=env,
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
