@@ -59,6 +59,8 @@ def parse_upstreams(text: str, source: str) -> Upstreams:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"bad upstreams file {source}: not valid TOML: {exc}") from exc
+    except RecursionError as exc:  # tomllib parses nested arrays and inline tables recursively
+        raise SettingsError(f"bad upstreams file {source}: arrays or inline tables nested too deeply") from exc
     for key in document:
         if key not in ("endpoints", "models"):
             raise _error(source, key, "", "unknown table; expected [endpoints.<name>] and [models.\"<model>\"]")

@@ -92,7 +92,8 @@ async def _catch_up(request: web.Request, stream_id: str, scope: Scope, query: Q
         state = ReadState(format_offset(reader.cursor, epoch), up_to_date=len(entries) == len(page) < store.page,
                           closed=bool(entries) and entries[-1].terminal)
         tag = entity_tag(scope, query.offset, state)
-        cache = CACHEABLE if entries and start.seq > 0 else NO_STORE  # from seq 0 (-1 or 0000...): a start
+        pinned = "." in query.offset or not epoch  # a bare seq on a stream with generations names none
+        cache = CACHEABLE if entries and start.seq > 0 and pinned else NO_STORE  # seq 0 (-1, 0000...): a start
         headers = read_headers(state, cache_control=cache, etag=tag)
         if none_match(request.headers.get("If-None-Match"), tag):
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})

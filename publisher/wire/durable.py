@@ -47,7 +47,9 @@ SSE_HEADERS: Final = {"Content-Type": "text/event-stream", "Cache-Control": "no-
 """Headers of an SSE read (section 5.8: exactly ``text/event-stream``; no proxy buffering)."""
 CACHEABLE: Final = "private, max-age=60, stale-while-revalidate=300"
 """``Cache-Control`` of a catch-up chunk read from a minted offset: that range never changes,
-and ``private`` because every stream is read with a credential (section 10.1)."""
+and ``private`` because every stream is read with a credential (section 10.1). An offset
+without its generation (a bare seq on a stream that has one) is not cached: its range
+could be another generation's after a history reset."""
 NO_STORE: Final = "no-store"
 """``Cache-Control`` of every other answer: the tail moves, a stream's start can be written again."""
 EXPOSE_HEADERS: Final = ("Stream-Next-Offset", "Stream-Cursor", "Stream-Up-To-Date", "Stream-Closed", "ETag")
@@ -180,6 +182,9 @@ def read_headers(state: ReadState, *, cache_control: str, cursor: str | None = N
                  etag: str | None = None) -> dict[str, str]:
     """Return the headers of a catch-up, long-poll or ``HEAD`` answer (sections 5.5 to 5.7).
 
+    ``Vary: Authorization`` on every one: a public token's body leaves out internal
+    reasoning that an API key's shows, so a cache must not hand one the other's answer.
+
     Args:
         state: Where the answer leaves the client.
         cache_control: :data:`CACHEABLE` or :data:`NO_STORE`.
@@ -187,7 +192,7 @@ def read_headers(state: ReadState, *, cache_control: str, cursor: str | None = N
         etag: The ``ETag`` (catch-up answers, :func:`entity_tag`).
     """
     headers = {"Content-Type": CONTENT_TYPE, "Cache-Control": cache_control, "Stream-Next-Offset": state.next_offset,
-               **SECURITY_HEADERS}
+               "Vary": "Authorization", **SECURITY_HEADERS}  # the credential decides the projection
     if state.up_to_date or state.closed:
         headers["Stream-Up-To-Date"] = "true"
     if state.closed:

@@ -59,6 +59,30 @@ async def test_a_catch_up_read_from_the_start_is_every_event_as_a_json_array(ctx
     assert headers["ETag"].endswith(':c"')
 
 
+async def test_every_answer_varies_with_the_credential_that_decides_its_projection(ctx: Ctx) -> None:
+    await stored(ctx, text_stream(ctx.sid, 2))
+    after_one = format_offset(1, EPOCH.decode())
+    for query in ("?offset=-1", f"?offset={after_one}", "?offset=now"):
+        for headers in (auth(ctx), bearer(API_KEY)):
+            async with ctx.http.get(durable(ctx, query), headers=headers) as response:
+                assert response.status == 200, query
+                assert response.headers["Vary"] == "Authorization", query
+    async with ctx.http.head(durable(ctx), headers=auth(ctx)) as response:
+        assert response.headers["Vary"] == "Authorization"
+
+
+async def test_an_offset_without_its_generation_is_read_but_never_cached(ctx: Ctx) -> None:
+    await stored(ctx, text_stream(ctx.sid, 2))
+    bare, pinned = format_offset(1, None), format_offset(1, EPOCH.decode())
+    async with ctx.http.get(durable(ctx, f"?offset={bare}"), headers=auth(ctx)) as response:
+        assert response.status == 200
+        assert [item["seq"] for item in await response.json()] == list(range(2, 7))  # 2 deltas: 6 events
+        assert response.headers["Cache-Control"] == "no-store"  # after a history reset it is another generation's
+    async with ctx.http.get(durable(ctx, f"?offset={pinned}"), headers=auth(ctx)) as response:
+        assert response.status == 200
+        assert response.headers["Cache-Control"] == CACHEABLE
+
+
 async def test_a_stream_longer_than_a_page_is_read_in_chunks_and_later_chunks_are_cacheable(ctx: Ctx) -> None:
     server = await ctx.start_app(make_settings(read_page=4))
     events = text_stream(ctx.sid, 6)  # 10 events

@@ -249,3 +249,18 @@ def test_a_trusted_proxy_that_is_no_address_is_refused_at_start():
         settings_from_env(env)
     assert settings_from_env({**env, "FANOUT_TRUSTED_PROXIES": "10.0.0.0/8, ::1"}).trusted_proxies == [
         "10.0.0.0/8", "::1"]
+
+
+async def test_durable_catch_up_reads_hold_a_status_read_place(ctx, gated_server):
+    server, gate = await gated_server(max_status_reads_per_token=1, share_retry_after_s=5)
+    await StreamWriter(ctx.redis, ctx.keys, ctx.sid).append(*text_stream(ctx.sid, 3))
+    url, token = server.url(f"/v1/streams/{ctx.sid}/durable?offset=-1"), token_for(ctx.sid)
+    in_flight = asyncio.create_task(ctx.http.get(url, headers=bearer(token)))
+    await eventually(lambda: server.app[FAIR_SHARES].held("status") == 1)  # waits for its read
+    async with ctx.http.get(url, headers=bearer(token)) as resp:  # one past
+        await assert_too_many(resp, "FANOUT_MAX_STATUS_READS_PER_TOKEN", 1, 5)
+    gate.release.set()
+    async with await in_flight as resp:
+        assert resp.status == 200
+        assert [item["seq"] for item in await resp.json()] == list(range(1, 8))  # 3 deltas: 7 events
+    assert server.app[FAIR_SHARES].held("status") == 0

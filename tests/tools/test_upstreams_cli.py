@@ -71,6 +71,17 @@ def test_a_mistake_in_the_file_is_exit_2_naming_file_table_and_key(tmp_path: Pat
                                    "must be one of bearer, api-key, x-api-key, x-goog-api-key, google, aws, none")
 
 
+@pytest.mark.parametrize("command", ["worker", "publisher", "upstreams"])
+def test_a_file_nested_past_the_parser_is_exit_2_not_a_traceback(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 2000 + "]" * 2000 + "\n")  # tomllib recurses once per level
+    done = fanout(command, env={"FANOUT_UPSTREAMS_FILE": str(path), "FANOUT_DEV": "1"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"fanout {command}: bad upstreams file {path}: "
+                                                    "arrays or inline tables nested too deeply")
+
+
 def test_worker_refuses_an_endpoint_whose_secret_variable_is_unset(tmp_path: Path) -> None:
     path = tmp_path / "upstreams.toml"
     path.write_text(GOOD)
