@@ -29,6 +29,8 @@ Follows the Durable Streams Protocol, sections 5.5 to 5.8, 8, 9.1, 10 and 12.7.
 
 from __future__ import annotations
 
+from typing import Final
+
 from aiohttp import web
 
 from publisher.api.auth import authorize_read
@@ -53,6 +55,9 @@ from publisher.wire.durable import (
     none_match,
     read_headers,
 )
+
+ALLOW: Final = "GET, HEAD, OPTIONS"
+"""The methods a durable URL serves (``Allow`` of a refused write and of ``OPTIONS``)."""
 
 
 async def stream_durable(request: web.Request) -> web.StreamResponse:
@@ -128,4 +133,13 @@ async def refuse_write(request: web.Request) -> web.Response:
     """
     raise ProblemError("method-not-allowed", f"{request.method} is not served: fanout streams are written by its "
                        "workers only (submit a job with POST /v1/streams); this URL serves reads",
-                       headers={"Allow": "GET, HEAD, OPTIONS", **SECURITY_HEADERS})
+                       headers={"Allow": ALLOW, **SECURITY_HEADERS})
+
+
+async def answer_options(request: web.Request) -> web.Response:
+    """Answer a plain ``OPTIONS`` (a CORS preflight is answered by the middleware first).
+
+    ``204`` with ``Allow: GET, HEAD, OPTIONS`` (RFC 9110, section 9.3.7): the methods the
+    refused writes' ``Allow`` names, so OPTIONS is one of them in fact.
+    """
+    return web.Response(status=204, headers={"Allow": ALLOW, **SECURITY_HEADERS})

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from publisher.api.agui_stream import stream_agui
 from publisher.api.description import api_description, root
-from publisher.api.durable import refuse_write, stream_durable, stream_head
+from publisher.api.durable import answer_options, refuse_write, stream_durable, stream_head
 from publisher.api.events import stream_events
 from publisher.api.readiness import healthz, readyz
 from publisher.api.status import cancel, stream_status
@@ -38,6 +38,7 @@ ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", "/v1/streams/{stream_id}/agui", stream_agui),
     ("GET", "/v1/streams/{stream_id}/durable", stream_durable),
     ("HEAD", "/v1/streams/{stream_id}/durable", stream_head),
+    ("OPTIONS", "/v1/streams/{stream_id}/durable", answer_options),
     *((method, "/v1/streams/{stream_id}/durable", refuse_write) for method in ("POST", "PUT", "DELETE", "PATCH")),
     ("POST", "/v1/streams/{stream_id}/cancel", cancel),
     ("POST", "/v1/streams/{stream_id}/tokens", mint_token),

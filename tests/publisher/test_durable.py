@@ -255,3 +255,11 @@ async def test_cors_exposes_the_protocol_headers_and_allows_if_none_match(ctx: C
     async with ctx.http.options(server.url(f"/v1/streams/{ctx.sid}/durable"), headers=preflight) as r:
         assert r.status == 204
         assert "If-None-Match" in r.headers["Access-Control-Allow-Headers"]
+
+
+async def test_a_plain_options_names_the_methods_served(ctx: Ctx) -> None:
+    await stored(ctx, text_stream(ctx.sid, 1))
+    async with ctx.http.options(durable(ctx)) as response:  # no Access-Control-Request-Method: not a preflight
+        assert response.status == 204
+        assert response.headers["Allow"] == "GET, HEAD, OPTIONS"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
