@@ -39,7 +39,7 @@ PROBLEM_TYPES: Final[dict[str, tuple[int, str]]] = {
     "position-ahead": (410, "Position is ahead of the stored stream"),
     "history-reset": (410, "Stream was written again as another generation"),
     "body-too-large": (413, "Request body too large"),
-    "too-many-requests": (429, "Too many concurrent requests for one credential"),
+    "too-many-requests": (429, "Too many requests for one credential"),
     "internal": (500, "Internal error"),
     "too-many-connections": (503, "Too many open event streams"),
     "redis-unavailable": (503, "Storage unavailable"),

@@ -57,7 +57,7 @@ async def assert_too_many(resp: aiohttp.ClientResponse, setting: str, limit: int
     assert resp.headers["Retry-After"] == str(retry_after_s)
     body = await resp.json()
     assert (body["type"], body["status"], body["limit"]) == (TOO_MANY, 429, limit)
-    assert body["title"] == "Too many concurrent requests for one credential"
+    assert body["title"] == "Too many requests for one credential"
     assert setting in body["detail"]
 
 
